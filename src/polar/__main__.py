@@ -1,0 +1,5 @@
+"""``python -m polar`` is the ``polar`` command."""
+
+from polar.cli import main
+
+main()

@@ -1,0 +1,25 @@
+"""The ``polar`` command line."""
+
+from __future__ import annotations
+
+import typer
+
+from polar.cli import demo, engine, gateway, model, records
+
+app = typer.Typer(
+    name="polar",
+    help="Polar: RL for unmodified coding-agent harnesses.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+app.command("gateway")(gateway.gateway)
+app.command("records")(records.records)
+app.command("demo")(demo.demo)
+app.add_typer(model.app, name="model")
+app.add_typer(engine.app, name="engine")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,150 @@
+"""``polar gateway``: run the token-recording proxy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from polar.cli.errors import configure_logging, fail
+from polar.ir import CaptureMode
+from polar.proxy.config import ConfigError, GatewayConfig, load_gateway_config
+
+
+def _overrides(**flags: Any) -> dict[str, Any]:
+    """Nested config overrides from flags the user actually gave (``a__b`` -> ``a.b``)."""
+    out: dict[str, Any] = {}
+    for name, value in flags.items():
+        if value is None:
+            continue
+        node = out
+        *parents, leaf = name.split("__")
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    return out
+
+
+def gateway(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="YAML config file; flags below override it."),
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Interface to listen on (default: 127.0.0.1).")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on (default: 8000).")] = None,
+    admin_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="POLAR_ADMIN_TOKEN",
+            help="Token for the /admin endpoints (16+ characters).",
+        ),
+    ] = None,
+    capture: Annotated[
+        CaptureMode | None,
+        typer.Option(help="How prompts are captured (default: engine_rendered)."),
+    ] = None,
+    engine_kind: Annotated[
+        str | None,
+        typer.Option(help="Engine: vllm, sglang, or package.module:factory (default: vllm)."),
+    ] = None,
+    engine_url: Annotated[
+        str | None, typer.Option(help="Base URL of the inference server.")
+    ] = None,
+    engine_model: Annotated[str | None, typer.Option(help="Model name the engine serves.")] = None,
+    engine_api_key: Annotated[
+        str | None,
+        typer.Option(envvar="POLAR_ENGINE_API_KEY", help="Bearer token for the engine."),
+    ] = None,
+    engine_read_timeout_s: Annotated[
+        float | None, typer.Option(help="Longest engine silence mid-call, seconds (default: 900).")
+    ] = None,
+    engine_max_attempts: Annotated[
+        int | None,
+        typer.Option(help="Attempts per call on transient engine failures (default: 3)."),
+    ] = None,
+    store: Annotated[
+        Path | None,
+        typer.Option(help="SQLite record store (default: runs/gateway/records.db)."),
+    ] = None,
+    store_synchronous: Annotated[
+        str | None,
+        typer.Option(
+            help="SQLite durability: normal (survives gateway crashes) or full (also power "
+            "loss, fsync per call) (default: normal)."
+        ),
+    ] = None,
+    max_body_bytes: Annotated[
+        int | None, typer.Option(help="Largest accepted request body (default: 33554432).")
+    ] = None,
+    pause_wait_s: Annotated[
+        float | None,
+        typer.Option(help="How long a call waits while the gateway is paused (default: 600)."),
+    ] = None,
+    reasoning_field: Annotated[
+        str | None,
+        typer.Option(
+            help="Chat Completions field carrying reasoning: reasoning_content, reasoning "
+            "or none (default: reasoning_content)."
+        ),
+    ] = None,
+    log_level: Annotated[
+        str | None, typer.Option(help="debug, info, warning or error (default: info).")
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Validate the configuration, print it, and exit.")
+    ] = False,
+) -> None:
+    """Run the gateway: harnesses call it as their model provider, it records every call."""
+    overrides = _overrides(
+        host=host,
+        port=port,
+        admin_token=admin_token,
+        capture=capture.value if capture else None,
+        engine__kind=engine_kind,
+        engine__base_url=engine_url,
+        engine__model=engine_model,
+        engine__api_key=engine_api_key,
+        engine__read_timeout_s=engine_read_timeout_s,
+        engine__max_attempts=engine_max_attempts,
+        store__path=str(store) if store else None,
+        store__synchronous=store_synchronous,
+        limits__max_body_bytes=max_body_bytes,
+        limits__pause_wait_s=pause_wait_s,
+        dialects__openai_chat__reasoning_field=reasoning_field,
+        log_level=log_level,
+    )
+    try:
+        settings = load_gateway_config(config, overrides)
+    except ConfigError as exc:
+        fail("gateway", str(exc))
+    if check:
+        typer.echo(
+            settings.model_dump_json(indent=2, exclude={"admin_token": True, "engine": {"api_key"}})
+        )
+        return
+    run_gateway(settings)
+
+
+def run_gateway(settings: GatewayConfig) -> None:
+    import uvicorn
+
+    from polar.proxy.app import create_app
+    from polar.proxy.gateway import Gateway
+
+    configure_logging(settings.log_level)
+    try:
+        gateway_ = Gateway(settings)
+    except ConfigError as exc:
+        fail("gateway", str(exc))
+    uvicorn.run(
+        create_app(gateway_),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+    )

@@ -1,0 +1,196 @@
+"""Plain-JSON forms of the IR types, for storage and for exports such as JSONL.
+
+``to_json`` functions return values ``json``/``orjson`` can serialise;
+``from_json`` functions validate shape and raise ``ValueError`` with the path
+of the first problem.
+"""
+
+from __future__ import annotations
+
+from typing import Any, assert_never
+
+from polar.ir.completion import FinishReason, Usage
+from polar.ir.messages import ImagePart, Message, Part, ReasoningPart, Role, TextPart, ToolCall
+from polar.ir.records import (
+    CallError,
+    CaptureMode,
+    CompletionRecord,
+    Dialect,
+    ErrorKind,
+    RecordStatus,
+    Timings,
+)
+
+
+def part_to_json(part: Part) -> dict[str, Any]:
+    match part:
+        case TextPart(text=text):
+            return {"kind": "text", "text": text}
+        case ImagePart(url=url, detail=detail):
+            return {"kind": "image", "url": url, "detail": detail}
+        case ReasoningPart(text=text, signature=signature):
+            return {"kind": "reasoning", "text": text, "signature": signature}
+        case ToolCall(id=call_id, name=name, arguments=arguments):
+            return {"kind": "tool_call", "id": call_id, "name": name, "arguments": arguments}
+        case _:
+            assert_never(part)
+
+
+def part_from_json(data: Any, path: str = "part") -> Part:
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected an object")
+    kind = data.get("kind")
+    try:
+        if kind == "text":
+            return TextPart(text=str(data["text"]))
+        if kind == "image":
+            return ImagePart(url=str(data["url"]), detail=data.get("detail"))
+        if kind == "reasoning":
+            return ReasoningPart(text=str(data["text"]), signature=data.get("signature"))
+        if kind == "tool_call":
+            return ToolCall(
+                id=str(data["id"]), name=str(data["name"]), arguments=str(data["arguments"])
+            )
+    except KeyError as exc:
+        raise ValueError(f"{path}: missing field {exc.args[0]!r}") from None
+    raise ValueError(f"{path}: unknown part kind {kind!r}")
+
+
+def message_to_json(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "role": message.role.value,
+        "parts": [part_to_json(p) for p in message.parts],
+    }
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.is_error:
+        out["is_error"] = True
+    return out
+
+
+def message_from_json(data: Any, path: str = "message") -> Message:
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected an object")
+    try:
+        role = Role(data["role"])
+    except (KeyError, ValueError):
+        raise ValueError(f"{path}.role: expected one of {[r.value for r in Role]}") from None
+    parts = data.get("parts", [])
+    if not isinstance(parts, list):
+        raise ValueError(f"{path}.parts: expected a list")
+    return Message(
+        role=role,
+        parts=tuple(part_from_json(p, f"{path}.parts[{i}]") for i, p in enumerate(parts)),
+        name=data.get("name"),
+        tool_call_id=data.get("tool_call_id"),
+        is_error=bool(data.get("is_error", False)),
+    )
+
+
+def usage_to_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
+    }
+
+
+def usage_from_json(data: Any) -> Usage:
+    if not isinstance(data, dict):
+        raise ValueError("usage: expected an object")
+    return Usage(
+        prompt_tokens=int(data["prompt_tokens"]),
+        completion_tokens=int(data["completion_tokens"]),
+        cached_tokens=data.get("cached_tokens"),
+        reasoning_tokens=data.get("reasoning_tokens"),
+    )
+
+
+def record_to_json(record: CompletionRecord) -> dict[str, Any]:
+    """The full record as one JSON object (the ``polar records --format jsonl`` row)."""
+    return {
+        "session_id": record.session_id,
+        "seq": record.seq,
+        "attempt": record.attempt,
+        "status": record.status.value,
+        "dialect": record.dialect.value,
+        "capture": record.capture.value,
+        "engine": record.engine,
+        "model": record.model,
+        "policy_version": record.policy_version,
+        "stream": record.stream,
+        "finish_reason": record.finish_reason.value if record.finish_reason else None,
+        "prompt_ids": list(record.prompt_ids),
+        "output_ids": list(record.output_ids),
+        "output_logprobs": list(record.output_logprobs),
+        "message": message_to_json(record.message) if record.message else None,
+        "usage": usage_to_json(record.usage) if record.usage else None,
+        "timings": {
+            "arrived": record.timings.arrived,
+            "engine_started": record.timings.engine_started,
+            "first_token": record.timings.first_token,
+            "finished": record.timings.finished,
+        },
+        "error": (
+            {
+                "kind": record.error.kind.value,
+                "message": record.error.message,
+                "status": record.error.status,
+            }
+            if record.error
+            else None
+        ),
+        "original_request": record.original_request,
+        "engine_request": record.engine_request,
+    }
+
+
+def record_from_json(data: Any) -> CompletionRecord:
+    """Inverse of :func:`record_to_json`."""
+    if not isinstance(data, dict):
+        raise ValueError("record: expected an object")
+    try:
+        timings = data["timings"]
+        error = data.get("error")
+        return CompletionRecord(
+            session_id=str(data["session_id"]),
+            seq=int(data["seq"]),
+            attempt=int(data["attempt"]),
+            status=RecordStatus(data["status"]),
+            dialect=Dialect(data["dialect"]),
+            capture=CaptureMode(data["capture"]),
+            engine=str(data["engine"]),
+            model=str(data["model"]),
+            policy_version=int(data["policy_version"]),
+            stream=bool(data["stream"]),
+            original_request=data["original_request"],
+            engine_request=data["engine_request"],
+            timings=Timings(
+                arrived=float(timings["arrived"]),
+                engine_started=timings.get("engine_started"),
+                first_token=timings.get("first_token"),
+                finished=timings.get("finished"),
+            ),
+            prompt_ids=tuple(int(i) for i in data.get("prompt_ids", ())),
+            output_ids=tuple(int(i) for i in data.get("output_ids", ())),
+            output_logprobs=tuple(float(x) for x in data.get("output_logprobs", ())),
+            finish_reason=FinishReason(data["finish_reason"])
+            if data.get("finish_reason")
+            else None,
+            message=message_from_json(data["message"]) if data.get("message") else None,
+            usage=usage_from_json(data["usage"]) if data.get("usage") else None,
+            error=(
+                CallError(
+                    kind=ErrorKind(error["kind"]),
+                    message=str(error["message"]),
+                    status=error.get("status"),
+                )
+                if error
+                else None
+            ),
+        )
+    except KeyError as exc:
+        raise ValueError(f"record: missing field {exc.args[0]!r}") from None

@@ -1,0 +1,90 @@
+"""The completion record: what the gateway keeps of every call that reached an engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from polar.ir.completion import FinishReason, Usage
+from polar.ir.messages import JsonObject, Message
+
+
+class Dialect(StrEnum):
+    OPENAI_CHAT = "openai_chat"
+    OPENAI_RESPONSES = "openai_responses"
+    ANTHROPIC_MESSAGES = "anthropic_messages"
+
+
+class CaptureMode(StrEnum):
+    ENGINE_RENDERED = "engine_rendered"
+    TOKEN_IN_TOKEN_OUT = "token_in_token_out"
+
+
+class RecordStatus(StrEnum):
+    COMPLETED = "completed"
+    """The engine finished the turn and the client was answered."""
+    FAILED = "failed"
+    """The engine call failed (HTTP error, timeout, connection, bad response)."""
+    ABORTED = "aborted"
+    """The client went away before the turn finished; output holds what was sampled."""
+
+
+class ErrorKind(StrEnum):
+    ENGINE_HTTP = "engine_http"
+    ENGINE_TIMEOUT = "engine_timeout"
+    ENGINE_UNAVAILABLE = "engine_unavailable"
+    ENGINE_PROTOCOL = "engine_protocol"
+    CLIENT_DISCONNECTED = "client_disconnected"
+    INTERNAL = "internal"
+
+
+@dataclass(frozen=True, slots=True)
+class CallError:
+    kind: ErrorKind
+    message: str
+    status: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Wall-clock instants (Unix seconds) of one call's life."""
+
+    arrived: float
+    engine_started: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRecord:
+    """One engine call of one session.
+
+    ``seq`` is the session's monotonic sequence number, assigned when the call
+    arrived; ``attempt`` counts the gateway's own retries of that call (1 for the
+    first). Together with ``session_id`` they identify the record.
+    """
+
+    session_id: str
+    seq: int
+    attempt: int
+    status: RecordStatus
+    dialect: Dialect
+    capture: CaptureMode
+    engine: str
+    model: str
+    policy_version: int
+    stream: bool
+    original_request: JsonObject
+    engine_request: JsonObject
+    timings: Timings
+    prompt_ids: tuple[int, ...] = ()
+    output_ids: tuple[int, ...] = ()
+    output_logprobs: tuple[float, ...] = ()
+    finish_reason: FinishReason | None = None
+    message: Message | None = None
+    usage: Usage | None = None
+    error: CallError | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.session_id}/{self.seq}.{self.attempt}"

@@ -1,0 +1,59 @@
+"""The gateway's ASGI application, built by a factory from a :class:`Gateway`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from polar.proxy import admin
+from polar.proxy.asgi import Router
+from polar.proxy.dialects.openai_chat import routes as openai_chat
+from polar.proxy.gateway import Gateway
+
+
+def create_app(gateway: Gateway) -> Router:
+    """The root ASGI app: model calls on plain-ASGI hot routes, the rest on Starlette."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(
+            {
+                "error": {
+                    "message": f"{request.method} {request.url.path}: {exc.detail}",
+                    "type": kind,
+                    "param": None,
+                    "code": None,
+                }
+            },
+            status_code=exc.status_code,
+        )
+
+    app = Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            *admin.routes(),
+            *openai_chat.routes(gateway),
+        ],
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error},
+    )
+    app.state.gateway = gateway
+    return Router({**openai_chat.hot_routes(gateway)}, fallback=app)

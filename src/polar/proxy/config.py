@@ -1,0 +1,144 @@
+"""The gateway's typed configuration, read once at start-up.
+
+Sources, later winning: a YAML file, then command-line flags (``polar gateway
+--help``). Validation happens here, once; a bad value is reported as one line
+naming the field, e.g. ``engine.base_url: field required``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from polar.ir import CaptureMode
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased for a one-line CLI message."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineConfig(_Section):
+    kind: str = Field(
+        default="vllm",
+        description="Engine plug-in: 'vllm', 'sglang', or a dotted path 'package.module:factory'.",
+    )
+    base_url: str = Field(
+        description="Base URL of the inference server, e.g. http://127.0.0.1:8011"
+    )
+    model: str = Field(description="Model name the engine serves; every request is sent with it.")
+    api_key: str | None = Field(default=None, description="Bearer token for the engine, if any.")
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    read_timeout_s: float = Field(
+        default=900.0, gt=0, description="Longest silence allowed from the engine mid-call."
+    )
+    max_connections: int = Field(default=1024, ge=1)
+    max_attempts: int = Field(
+        default=3, ge=1, description="Attempts per call for transient engine failures."
+    )
+    retry_backoff_s: float = Field(default=0.25, ge=0)
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="chat_template_kwargs sent with every call (e.g. enable_thinking).",
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+
+class StoreConfig(_Section):
+    path: Path = Field(default=Path("runs/gateway/records.db"), description="SQLite file.")
+    synchronous: Literal["full", "normal"] = Field(
+        default="normal",
+        description="'normal' survives gateway crashes; 'full' also power loss (fsync per commit).",
+    )
+
+
+class LimitsConfig(_Section):
+    max_body_bytes: int = Field(default=32 << 20, ge=1024)
+    pause_wait_s: float = Field(
+        default=600.0, ge=0, description="How long a call waits while the gateway is paused."
+    )
+    drain_timeout_s: float = Field(
+        default=300.0, gt=0, description="Default wait for in-flight calls on pause."
+    )
+
+
+class OpenAIChatConfig(_Section):
+    reasoning_field: Literal["reasoning_content", "reasoning", "none"] = Field(
+        default="reasoning_content",
+        description="Field that carries reasoning to clients ('none' hides it).",
+    )
+
+
+class DialectsConfig(_Section):
+    openai_chat: OpenAIChatConfig = OpenAIChatConfig()
+
+
+class GatewayConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    admin_token: str = Field(min_length=16, description="Token for /admin endpoints.")
+    capture: CaptureMode = CaptureMode.ENGINE_RENDERED
+    engine: EngineConfig
+    store: StoreConfig = StoreConfig()
+    limits: LimitsConfig = LimitsConfig()
+    dialects: DialectsConfig = DialectsConfig()
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+def describe_error(error: ValidationError) -> str:
+    """First validation problem as ``dotted.field: message``."""
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "config"
+    message = first["msg"]
+    if first["type"] == "missing":
+        message = "field required"
+    elif first["type"] == "extra_forbidden":
+        message = "unknown field"
+    return f"{where}: {message}"
+
+
+def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_gateway_config(path: Path | None, overrides: dict[str, Any]) -> GatewayConfig:
+    """Read the YAML file (if any), apply flag overrides, validate once."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{path}:{where} not valid YAML") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        data = loaded
+    data = _merge(data, overrides)
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        prefix = f"{path}: " if path is not None else ""
+        raise ConfigError(prefix + describe_error(exc)) from None

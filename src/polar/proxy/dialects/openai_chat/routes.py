@@ -1,0 +1,105 @@
+"""``POST /v1/chat/completions`` (hot path, plain ASGI) and ``GET /v1/models``."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from polar.ir import ChatRequest, Completion, Dialect, TokenLogprob
+from polar.proxy.asgi import ASGIApp, Receive, Scope, Send
+from polar.proxy.dialects.openai_chat.protocol import IGNORED_FIELDS, ChatCompletionRequest
+from polar.proxy.dialects.openai_chat.stream import ChunkEncoder
+from polar.proxy.dialects.openai_chat.translate import (
+    completion_json,
+    error_json,
+    logprobs_json,
+    request_to_ir,
+)
+from polar.proxy.errors import ProxyError
+from polar.proxy.gateway import Gateway
+from polar.proxy.inbound import api_key_of, validate
+from polar.proxy.serving import serve
+
+
+class OpenAIChatCodec:
+    dialect = Dialect.OPENAI_CHAT
+
+    def __init__(self, reasoning_field: str) -> None:
+        self._reasoning_field = None if reasoning_field == "none" else reasoning_field
+
+    def parse(self, body: dict[str, Any], gateway: Gateway) -> ChatRequest:
+        wire = validate(ChatCompletionRequest, body)
+        if wire.model_extra:
+            gateway.note_unknown_fields(self.dialect, set(wire.model_extra) - IGNORED_FIELDS)
+        return request_to_ir(wire)
+
+    def error_body(self, error: ProxyError) -> bytes:
+        return orjson.dumps(error_json(error))
+
+    def reply_body(
+        self, request: ChatRequest, completion: Completion, details: list[TokenLogprob] | None
+    ) -> bytes:
+        return orjson.dumps(
+            completion_json(
+                completion,
+                response_id=_response_id(),
+                created=int(time.time()),
+                model=request.model,
+                reasoning_field=self._reasoning_field,
+                logprobs=(
+                    logprobs_json(tuple(details), request.top_logprobs or 0)
+                    if details is not None
+                    else None
+                ),
+            )
+        )
+
+    def encoder(self, request: ChatRequest) -> ChunkEncoder:
+        return ChunkEncoder(
+            response_id=_response_id(),
+            created=int(time.time()),
+            model=request.model,
+            reasoning_field=self._reasoning_field,
+            top_logprobs=request.top_logprobs,
+            include_usage=request.include_usage,
+        )
+
+
+def _response_id() -> str:
+    return f"chatcmpl-{secrets.token_hex(12)}"
+
+
+def hot_routes(gateway: Gateway) -> dict[tuple[str, str], ASGIApp]:
+    codec = OpenAIChatCodec(gateway.config.dialects.openai_chat.reasoning_field)
+
+    async def chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
+        await serve(scope, receive, send, codec, gateway)
+
+    return {("POST", "/v1/chat/completions"): chat_completions}
+
+
+def routes(gateway: Gateway) -> list[BaseRoute]:
+    async def models(request: Request) -> Response:
+        try:
+            gateway.authenticate(api_key_of(request.headers))
+        except ProxyError as error:
+            return Response(
+                orjson.dumps(error_json(error)),
+                status_code=error.status,
+                media_type="application/json",
+            )
+        body = {
+            "object": "list",
+            "data": [
+                {"id": gateway.engine.model, "object": "model", "created": 0, "owned_by": "polar"}
+            ],
+        }
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    return [Route("/v1/models", models, methods=["GET"])]

@@ -1,0 +1,43 @@
+"""The engine contract: what the gateway needs from an inference server.
+
+An engine turns an IR :class:`~polar.ir.ChatRequest` into an :class:`EngineCall`:
+the exact JSON body it will send (recorded verbatim) and an async iterator of
+:data:`~polar.ir.EngineEvent`. Engines know nothing about dialects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from polar.ir import ChatRequest, EngineEvent, JsonObject
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCall:
+    """One prepared call. ``events`` may be iterated once."""
+
+    body: JsonObject
+    events: AsyncGenerator[EngineEvent, None] = field(repr=False)
+
+
+class ChatEngine(Protocol):
+    """An engine that renders the chat template itself (engine-rendered capture)."""
+
+    @property
+    def name(self) -> str:
+        """Short engine name stamped on records (``vllm``, ``sglang``...)."""
+        ...
+
+    @property
+    def model(self) -> str:
+        """The model name the engine serves; requests are rewritten to it."""
+        ...
+
+    def prepare(self, request: ChatRequest) -> EngineCall:
+        """Build the call. Raises :class:`~polar.proxy.errors.InvalidRequest` for
+        requests this engine cannot serve; talks to the network only when iterated."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,337 @@
+"""A small, fast HTTP/1.1 client for the gateway-to-engine hop.
+
+Why not httpx: on the gateway's hot path its connection pool checks every idle
+connection on every request, and its anyio layers add a task switch per read;
+under a few hundred concurrent sessions that was most of the gateway's CPU.
+This client is an ``asyncio.Protocol`` with the C ``httptools`` response
+parser, a LIFO pool of keep-alive connections, and one timer per response for
+the read timeout. It speaks exactly what engines need: POST with a body,
+``Content-Length`` or chunked replies, keep-alive, optional TLS.
+
+Failures surface as :class:`TransportFailure` subclasses, which the engine
+transport maps to the gateway's error tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+# Pause reading from the engine when a slow client leaves this much unread.
+_HIGH_WATER = 1 << 20
+
+
+class TransportFailure(Exception):
+    """Base of this module's errors."""
+
+
+class ConnectFailure(TransportFailure):
+    """The connection could not be opened."""
+
+
+class ReadTimeout(TransportFailure):
+    """The server went silent for longer than the read timeout."""
+
+
+class ConnectionLost(TransportFailure):
+    """The connection broke before the reply was complete."""
+
+
+class ProtocolFailure(TransportFailure):
+    """The server's reply is not valid HTTP/1.1."""
+
+
+class Response:
+    """A reply whose body is read as it arrives."""
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn = conn
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._headers_done: asyncio.Future[None] = conn.loop.create_future()
+        self.complete = False
+        self.error: TransportFailure | None = None
+
+    def header(self, name: bytes) -> bytes | None:
+        lowered = name.lower()
+        for key, value in self.headers:
+            if key.lower() == lowered:
+                return value
+        return None
+
+    # called by the connection
+    def _feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > _HIGH_WATER:
+            self._conn.pause()
+        self._wake()
+
+    def _finish(self, error: TransportFailure | None) -> None:
+        if self.complete or self.error is not None:
+            return
+        if error is None:
+            self.complete = True
+        else:
+            self.error = error
+        if not self._headers_done.done():
+            if error is None:
+                self._headers_done.set_result(None)
+            else:
+                self._headers_done.set_exception(error)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive. Ends when the reply is complete."""
+        try:
+            while True:
+                while self._chunks:
+                    data = self._chunks.popleft()
+                    self._buffered -= len(data)
+                    if self._buffered <= _HIGH_WATER // 2:
+                        self._conn.resume()
+                    yield data
+                if self.error is not None:
+                    raise self.error
+                if self.complete:
+                    return
+                self._waiter = self._conn.loop.create_future()
+                await self._waiter
+                self._waiter = None
+        finally:
+            self._conn.done_with(self)
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, pool: Http1Pool) -> None:
+        self.pool = pool
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: Response | None = None
+        self.closed = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._paused = False
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport; they implement it.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._arm_timer()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(ProtocolFailure("unexpected protocol upgrade"))
+        except httptools.HttpParserError as exc:
+            self._fail(ProtocolFailure(f"invalid HTTP reply: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._cancel_timer()
+        if self.response is not None:
+            self.response._finish(
+                ConnectionLost(f"connection closed by the server ({exc or 'EOF'})")
+            )
+        self.pool.forget(self)
+
+    # -- httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.response is not None:
+            self.response.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        response = self.response
+        if response is not None:
+            response.status = self.parser.get_status_code()
+            if not response._headers_done.done():
+                response._headers_done.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response._feed(body)
+
+    def on_message_complete(self) -> None:
+        self._cancel_timer()
+        response = self.response
+        keep = self.parser.should_keep_alive()
+        if response is not None:
+            response._finish(None)
+        if not keep:
+            self.close()
+
+    # -- request cycle
+    async def send(self, head: bytes, body: bytes) -> Response:
+        assert self.transport is not None
+        self.response = Response(self)
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport.write(head + body)
+        self._arm_timer()
+        await self.response._headers_done
+        return self.response
+
+    def done_with(self, response: Response) -> None:
+        """The reader is finished with ``response``: pool the connection or drop it."""
+        if self.response is not response:
+            return
+        self.response = None
+        if response.complete and not self.closed:
+            self.resume()
+            self.pool.release(self)
+        else:
+            self.close()
+
+    def pause(self) -> None:
+        if not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused and self.transport is not None and not self.closed:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        self._cancel_timer()
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+        self.pool.forget(self)
+
+    def _fail(self, error: TransportFailure) -> None:
+        if self.response is not None:
+            self.response._finish(error)
+        self.close()
+
+    def _arm_timer(self) -> None:
+        if self.response is None:
+            return
+        self._cancel_timer()
+        self._timer = self.loop.call_later(self.pool.read_timeout_s, self._on_timeout)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_timeout(self) -> None:
+        self._timer = None
+        self._fail(ReadTimeout(f"no data from the server for {self.pool.read_timeout_s:g}s"))
+
+
+class Http1Pool:
+    """Keep-alive connections to one origin (``http://host:port`` or ``https://...``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: float = 900.0,
+        max_idle: int = 1024,
+        default_headers: dict[str, str] | None = None,
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {base_url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.prefix = parts.path.rstrip("/")
+        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        netloc = parts.netloc.rpartition("@")[2]
+        self._host_header = netloc.encode()
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self._max_idle = max_idle
+        self._idle: list[_Connection] = []
+        self._all: set[_Connection] = set()
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (default_headers or {}).items())
+        self._extra_headers = extra.encode("latin-1")
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: _Connection(self), self.host, self.port, ssl=self._ssl
+                ),
+                timeout=self.connect_timeout_s,
+            )
+        except TimeoutError:
+            raise ConnectFailure(
+                f"connecting to {self.host}:{self.port} timed out after {self.connect_timeout_s:g}s"
+            ) from None
+        except OSError as exc:
+            raise ConnectFailure(f"cannot connect to {self.host}:{self.port}: {exc}") from None
+        self._all.add(conn)
+        return conn
+
+    async def request(
+        self, method: str, path: str, body: bytes, headers: dict[str, str]
+    ) -> Response:
+        """Send a request; returns once the reply's status and headers arrived."""
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")
+        head = (
+            f"{method} {self.prefix}{path} HTTP/1.1\r\n".encode("latin-1")
+            + b"host: "
+            + self._host_header
+            + b"\r\ncontent-length: "
+            + str(len(body)).encode()
+            + b"\r\n"
+            + self._extra_headers
+            + extra
+            + b"\r\n"
+        )
+        # A pooled connection may have been closed by the server while idle;
+        # that shows only when the request fails before any reply, so retry once
+        # on a fresh connection in that case.
+        for attempt in (0, 1):
+            conn = self._idle.pop() if self._idle and attempt == 0 else None
+            reused = conn is not None
+            if conn is None:
+                conn = await self._connect()
+            try:
+                return await conn.send(head, body)
+            except ConnectionLost:
+                conn.close()
+                if not reused:
+                    raise
+            except BaseException:
+                conn.close()
+                raise
+        raise AssertionError("unreachable")
+
+    def release(self, conn: _Connection) -> None:
+        if len(self._idle) < self._max_idle:
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    def forget(self, conn: _Connection) -> None:
+        self._all.discard(conn)
+        if conn in self._idle:
+            self._idle.remove(conn)
+
+    async def aclose(self) -> None:
+        for conn in list(self._all):
+            conn.close()
+        self._idle.clear()
+        await asyncio.sleep(0)

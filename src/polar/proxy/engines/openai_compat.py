@@ -1,0 +1,234 @@
+"""IR to the OpenAI-compatible chat body that vLLM and SGLang accept, and
+their replies back to IR events.
+
+This is the *engine* side of the OpenAI chat format; what clients see is the
+business of :mod:`polar.proxy.dialects.openai_chat`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, assert_never
+
+from polar.ir import (
+    ChatRequest,
+    Delta,
+    FinishReason,
+    ImagePart,
+    Message,
+    ReasoningPart,
+    Role,
+    TextPart,
+    TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoiceMode,
+    TopLogprob,
+    Usage,
+)
+from polar.proxy.errors import EngineProtocolError
+
+_FINISH = {
+    "stop": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    "tool_calls": FinishReason.TOOL_CALLS,
+    "content_filter": FinishReason.CONTENT_FILTER,
+    "abort": FinishReason.ABORT,
+}
+
+
+def finish_reason(value: Any) -> FinishReason:
+    if isinstance(value, dict):  # SGLang's native form {"type": "stop", ...}
+        value = value.get("type")
+    try:
+        return _FINISH[value]
+    except (KeyError, TypeError):
+        raise EngineProtocolError(f"engine sent unknown finish_reason {value!r}") from None
+
+
+def content_of(message: Message) -> str | list[dict[str, Any]] | None:
+    """Message content as a string when it is plain text, else OpenAI content parts."""
+    parts: list[dict[str, Any]] = []
+    for part in message.parts:
+        match part:
+            case TextPart(text=text):
+                parts.append({"type": "text", "text": text})
+            case ImagePart(url=url, detail=detail):
+                image: dict[str, Any] = {"url": url}
+                if detail is not None:
+                    image["detail"] = detail
+                parts.append({"type": "image_url", "image_url": image})
+            case ReasoningPart() | ToolCall():
+                pass  # carried in their own fields
+            case _:
+                assert_never(part)
+    if not parts:
+        return None
+    if len(parts) == 1 and parts[0]["type"] == "text":
+        return str(parts[0]["text"])
+    return parts
+
+
+def message_json(message: Message, *, reasoning_field: str) -> dict[str, Any]:
+    # Qwen-style templates silently drop roles they do not know; "developer" is
+    # the OpenAI name for a system message, so it is sent as one.
+    role = Role.SYSTEM if message.role is Role.DEVELOPER else message.role
+    out: dict[str, Any] = {"role": role.value}
+    content = content_of(message)
+    if role is Role.ASSISTANT:
+        calls = message.tool_calls
+        out["content"] = content if content is not None or not calls else None
+        if calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in calls
+            ]
+        reasoning = message.reasoning
+        if reasoning is not None:
+            out[reasoning_field] = reasoning
+    else:
+        out["content"] = content if content is not None else ""
+    if role is Role.TOOL and message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def chat_body(
+    request: ChatRequest,
+    *,
+    model: str,
+    reasoning_field: str,
+    template_kwargs: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The OpenAI-compatible body common to vLLM and SGLang (no capture flags)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [message_json(m, reasoning_field=reasoning_field) for m in request.messages],
+    }
+    if request.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    **({"description": t.description} if t.description is not None else {}),
+                    "parameters": dict(t.parameters),
+                    **({"strict": t.strict} if t.strict is not None else {}),
+                },
+            }
+            for t in request.tools
+        ]
+    choice = request.tool_choice
+    if choice is not None and request.tools:
+        if choice.mode is ToolChoiceMode.NAMED:
+            body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+        else:
+            body["tool_choice"] = choice.mode.value
+    if request.parallel_tool_calls is not None and request.tools:
+        body["parallel_tool_calls"] = request.parallel_tool_calls
+    s = request.sampling
+    for key, value in (
+        ("max_tokens", s.max_tokens),
+        ("temperature", s.temperature),
+        ("top_p", s.top_p),
+        ("top_k", s.top_k),
+        ("min_p", s.min_p),
+        ("presence_penalty", s.presence_penalty),
+        ("frequency_penalty", s.frequency_penalty),
+        ("repetition_penalty", s.repetition_penalty),
+        ("seed", s.seed),
+    ):
+        if value is not None:
+            body[key] = value
+    if s.stop:
+        body["stop"] = list(s.stop)
+    if s.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in s.logit_bias.items()}
+    if request.response_format is not None:
+        body["response_format"] = dict(request.response_format)
+    kwargs = {**template_kwargs, **request.template_kwargs}
+    if kwargs:
+        body["chat_template_kwargs"] = kwargs
+    return body
+
+
+def logprob_details(entries: Any) -> tuple[TokenLogprob, ...]:
+    """OpenAI ``logprobs.content`` entries to IR."""
+    if not isinstance(entries, list):
+        raise EngineProtocolError("engine sent logprobs.content that is not a list")
+    out = []
+    for entry in entries:
+        top = entry.get("top_logprobs") or []
+        out.append(
+            TokenLogprob(
+                token=entry["token"],
+                logprob=float(entry["logprob"]),
+                bytes=tuple(entry["bytes"]) if entry.get("bytes") is not None else None,
+                top=tuple(
+                    TopLogprob(
+                        token=t["token"],
+                        logprob=float(t["logprob"]),
+                        bytes=tuple(t["bytes"]) if t.get("bytes") is not None else None,
+                    )
+                    for t in top
+                ),
+            )
+        )
+    return tuple(out)
+
+
+def tool_call_deltas(raw: Any) -> tuple[ToolCallDelta, ...]:
+    if not raw:
+        return ()
+    out = []
+    for position, call in enumerate(raw):
+        function = call.get("function") or {}
+        index = call.get("index")
+        out.append(
+            ToolCallDelta(
+                index=int(index) if index is not None else position,
+                id=call.get("id"),
+                name=function.get("name"),
+                arguments=function.get("arguments") or "",
+            )
+        )
+    return tuple(out)
+
+
+def delta_from_message(
+    message: Mapping[str, Any],
+    *,
+    token_ids: tuple[int, ...],
+    logprobs: tuple[float, ...],
+    details: tuple[TokenLogprob, ...] | None,
+) -> Delta:
+    """A whole non-streamed assistant message as one delta."""
+    reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
+    return Delta(
+        token_ids=token_ids,
+        logprobs=logprobs,
+        text=message.get("content") or "",
+        reasoning=reasoning,
+        tool_calls=tool_call_deltas(message.get("tool_calls")),
+        details=details,
+    )
+
+
+def usage(raw: Any, *, fallback_prompt: int, fallback_completion: int) -> Usage:
+    if not isinstance(raw, dict):
+        return Usage(prompt_tokens=fallback_prompt, completion_tokens=fallback_completion)
+    prompt_details = raw.get("prompt_tokens_details") or {}
+    completion_details = raw.get("completion_tokens_details") or {}
+    reasoning = completion_details.get("reasoning_tokens", raw.get("reasoning_tokens"))
+    return Usage(
+        prompt_tokens=int(raw.get("prompt_tokens", fallback_prompt)),
+        completion_tokens=int(raw.get("completion_tokens", fallback_completion)),
+        cached_tokens=prompt_details.get("cached_tokens"),
+        reasoning_tokens=int(reasoning) if reasoning is not None else None,
+    )

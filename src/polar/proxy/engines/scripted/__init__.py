@@ -1,0 +1,11 @@
+"""A scripted inference server for tests: vLLM's wire format, a fixed script of turns.
+
+It tokenizes each scripted assistant turn with the real tokenizer, gives every
+token a deterministic logprob, and answers exactly as vLLM does. A request that
+does not match the script gets a loud HTTP 500 and is kept in ``failures``.
+"""
+
+from polar.proxy.engines.scripted.script import Expect, Script, ScriptedCall, ScriptError, Turn
+from polar.proxy.engines.scripted.server import ScriptedEngine
+
+__all__ = ["Expect", "Script", "ScriptError", "ScriptedCall", "ScriptedEngine", "Turn"]

@@ -1,0 +1,219 @@
+"""The script a scripted engine replays, and what it expects of each request."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ScriptError(ValueError):
+    """A script file or dict that does not describe a valid script."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedCall:
+    """A tool call the scripted model makes.
+
+    ``arguments`` as a mapping is written the way a Qwen model writes it
+    (``json.dumps`` spacing); as a string it is emitted verbatim, which is how a
+    test scripts a malformed call.
+    """
+
+    name: str
+    arguments: Mapping[str, Any] | str = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedRequest:
+    """What the engine saw, in the terms an :class:`Expect` checks."""
+
+    messages: Sequence[Mapping[str, Any]] = ()
+    tool_names: tuple[str, ...] = ()
+    prompt_ids: tuple[int, ...] | None = None
+
+
+def _text(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Expect:
+    """Checks on an incoming request; any failure makes the engine fail loudly."""
+
+    last_role: str | None = None
+    last_text_contains: str | None = None
+    messages: int | None = None
+    tools_include: tuple[str, ...] = ()
+    prompt_ids: tuple[int, ...] | None = None
+
+    def problems(self, seen: ObservedRequest) -> list[str]:
+        out: list[str] = []
+        last = seen.messages[-1] if seen.messages else None
+        if self.last_role is not None:
+            role = last.get("role") if last else None
+            if role != self.last_role:
+                out.append(f"expected the last message from {self.last_role!r}, got {role!r}")
+        if self.last_text_contains is not None:
+            text = _text(last) if last else ""
+            if self.last_text_contains not in text:
+                out.append(
+                    f"expected the last message to contain {self.last_text_contains!r}, "
+                    f"got {text[:200]!r}"
+                )
+        if self.messages is not None and len(seen.messages) != self.messages:
+            out.append(f"expected {self.messages} messages, got {len(seen.messages)}")
+        missing = [t for t in self.tools_include if t not in seen.tool_names]
+        if missing:
+            out.append(f"expected tools {missing} to be offered, got {list(seen.tool_names)}")
+        if self.prompt_ids is not None:
+            got = seen.prompt_ids
+            if got != self.prompt_ids:
+                where = _first_difference(self.prompt_ids, got or ())
+                out.append(
+                    f"prompt ids differ from the expected ones at position {where} "
+                    f"(expected {len(self.prompt_ids)} ids, got {len(got or ())})"
+                )
+        return out
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _expect(data: dict[str, Any], where: str) -> Expect:
+    unknown = set(data) - {
+        "last_role",
+        "last_text_contains",
+        "messages",
+        "tools_include",
+        "prompt_ids",
+    }
+    if unknown:
+        raise ScriptError(f"{where}: unknown fields {sorted(unknown)}")
+    prompt_ids = data.get("prompt_ids")
+    return Expect(
+        last_role=data.get("last_role"),
+        last_text_contains=data.get("last_text_contains"),
+        messages=data.get("messages"),
+        tools_include=tuple(data.get("tools_include") or ()),
+        prompt_ids=tuple(prompt_ids) if prompt_ids is not None else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One assistant turn the scripted model produces.
+
+    The output is written as a Qwen3 thinking model writes it after the
+    ``<think>\\n`` generation prompt: reasoning, ``</think>``, text, tool calls,
+    ``<|im_end|>``. ``raw`` replaces all of that with a literal output text.
+    ``finish="length"`` cuts the output at ``max_tokens`` (or the request's).
+    """
+
+    text: str = ""
+    reasoning: str | None = None
+    tool_calls: tuple[ScriptedCall, ...] = ()
+    raw: str | None = None
+    finish: Literal["stop", "length"] = "stop"
+    max_tokens: int | None = None
+    expect: Expect | None = None
+    crash_after: int | None = None
+    """Streaming only: drop the connection after this many tokens (an engine crash)."""
+
+    def output_text(self, *, eos: str = "<|im_end|>") -> str:
+        if self.raw is not None:
+            return self.raw
+        out = (self.reasoning or "").strip("\n") + "\n</think>\n\n" + self.text
+        for i, call in enumerate(self.tool_calls):
+            if i > 0 or self.text:
+                out += "\n"
+            # A Qwen model writes JSON with Python's default spacing.
+            arguments = (
+                call.arguments
+                if isinstance(call.arguments, str)
+                else json.dumps(dict(call.arguments), ensure_ascii=False)
+            )
+            out += f'<tool_call>\n{{"name": "{call.name}", "arguments": {arguments}}}\n</tool_call>'
+        return out + eos
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    turns: tuple[Turn, ...]
+    cycle: bool = False
+    """Replay the turns forever (load tests) instead of failing when they run out."""
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Script:
+        if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
+            raise ScriptError("a script is a mapping with a 'turns' list")
+        turns = []
+        for i, raw in enumerate(data["turns"]):
+            if not isinstance(raw, dict):
+                raise ScriptError(f"turns[{i}]: expected a mapping")
+            unknown = set(raw) - {
+                "text",
+                "reasoning",
+                "tool_calls",
+                "raw",
+                "finish",
+                "max_tokens",
+                "expect",
+                "crash_after",
+            }
+            if unknown:
+                raise ScriptError(f"turns[{i}]: unknown fields {sorted(unknown)}")
+            calls = []
+            for j, call in enumerate(raw.get("tool_calls") or ()):
+                if not isinstance(call, dict) or "name" not in call:
+                    raise ScriptError(f"turns[{i}].tool_calls[{j}]: needs a 'name'")
+                calls.append(ScriptedCall(name=call["name"], arguments=call.get("arguments", {})))
+            expect = raw.get("expect")
+            if expect is not None and not isinstance(expect, dict):
+                raise ScriptError(f"turns[{i}].expect: expected a mapping")
+            try:
+                turns.append(
+                    Turn(
+                        text=str(raw.get("text", "")),
+                        reasoning=raw.get("reasoning"),
+                        tool_calls=tuple(calls),
+                        raw=raw.get("raw"),
+                        finish=raw.get("finish", "stop"),
+                        max_tokens=raw.get("max_tokens"),
+                        crash_after=raw.get("crash_after"),
+                        expect=_expect(expect, f"turns[{i}].expect") if expect else None,
+                    )
+                )
+            except TypeError as exc:
+                raise ScriptError(f"turns[{i}]: {exc}") from None
+            if turns[-1].finish not in ("stop", "length"):
+                raise ScriptError(f"turns[{i}].finish: must be 'stop' or 'length'")
+        return cls(turns=tuple(turns), cycle=bool(data.get("cycle", False)))
+
+    @classmethod
+    def from_file(cls, path: Path) -> Script:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ScriptError(f"{path}: cannot read ({exc.strerror})") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ScriptError(f"{path}: not valid YAML or JSON") from None
+        try:
+            return cls.from_dict(data)
+        except ScriptError as exc:
+            raise ScriptError(f"{path}: {exc}") from None

@@ -1,0 +1,396 @@
+"""The scripted engine as a real HTTP server (vLLM's routes and wire format)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from polar.proxy.engines.scripted import sglang_wire, vllm_wire
+from polar.proxy.engines.scripted.script import ObservedRequest, Script, Turn
+from polar.serverthread import ServerThread
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The Hugging Face tokenizer (with chat template) in ``path``."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+@dataclass(slots=True)
+class _State:
+    position: int = 0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+class ScriptMismatch(Exception):
+    pass
+
+
+class ScriptedCrash(Exception):
+    """Raised inside a streaming reply: the server drops the connection mid-stream."""
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def _error(message: str, status: int, kind: str) -> Response:
+    return _json(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}}, status
+    )
+
+
+class ScriptedEngine:
+    """A vLLM look-alike that replays ``script``.
+
+    Use it as a context manager (it starts a server on a free port) or mount
+    :attr:`app` yourself. ``token_delay_s`` paces streamed tokens, for tests
+    of streaming and disconnects.
+    """
+
+    def __init__(
+        self,
+        script: Script,
+        tokenizer: Any,
+        *,
+        model: str = "scripted",
+        token_delay_s: float = 0.0,
+        max_model_len: int = 32768,
+        wire: Literal["vllm", "sglang"] = "vllm",
+    ) -> None:
+        self.script = script
+        self.wire = wire
+        self.tokenizer = tokenizer
+        self.model = model
+        self.token_delay_s = token_delay_s
+        self.max_model_len = max_model_len
+        self._state = _State()
+        self._lock = threading.Lock()
+        self._server: ServerThread | None = None
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/tokenize", self._tokenize, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/health", self._health, methods=["GET"]),
+            ]
+        )
+
+    # ---------------------------------------------------------------- control
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("scripted engine is not running")
+        return self._server.url
+
+    def start(self) -> ScriptedEngine:
+        self._server = ServerThread(self.app).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def __enter__(self) -> ScriptedEngine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def failures(self) -> list[str]:
+        with self._lock:
+            return list(self._state.failures)
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """Every request body received, in order."""
+        with self._lock:
+            return list(self._state.requests)
+
+    @property
+    def remaining(self) -> int:
+        with self._lock:
+            return len(self.script.turns) - self._state.position
+
+    def assert_clean(self, *, finished: bool = True) -> None:
+        """Raise if any request mismatched, or (``finished``) turns were left unused."""
+        failures = self.failures
+        if failures:
+            raise AssertionError("scripted engine saw mismatches:\n" + "\n".join(failures))
+        if finished and not self.script.cycle and self.remaining:
+            raise AssertionError(f"scripted engine has {self.remaining} unused turns")
+
+    # ---------------------------------------------------------------- script
+
+    def _next_turn(self, body: dict[str, Any], seen: ObservedRequest) -> Turn:
+        with self._lock:
+            self._state.requests.append(body)
+            index = self._state.position
+            turns = self.script.turns
+            if index >= len(turns) and not self.script.cycle:
+                message = f"request {index + 1} arrived but the script has only {len(turns)} turns"
+                self._state.failures.append(message)
+                raise ScriptMismatch(message)
+            turn = turns[index % len(turns)]
+            problems = turn.expect.problems(seen) if turn.expect else []
+            if problems:
+                message = f"request {index + 1} does not match its script: " + "; ".join(problems)
+                self._state.failures.append(message)
+                raise ScriptMismatch(message)
+            self._state.position += 1
+            return turn
+
+    def _fail(self, message: str) -> Response:
+        with self._lock:
+            self._state.failures.append(message)
+        return _error(f"scripted engine: {message}", 500, "ScriptMismatch")
+
+    # ---------------------------------------------------------------- routes
+
+    async def _health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def _models(self, request: Request) -> Response:
+        return _json(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "vllm",
+                        "root": self.model,
+                        "parent": None,
+                        "max_model_len": self.max_model_len,
+                    }
+                ],
+            }
+        )
+
+    async def _tokenize(self, request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        if "messages" in body:
+            ids = vllm_wire.render_prompt(self.tokenizer, body)
+        else:
+            ids = list(self.tokenizer.encode(body["prompt"], add_special_tokens=False))
+        return _json(
+            {
+                "count": len(ids),
+                "max_model_len": self.max_model_len,
+                "tokens": ids,
+                "token_strs": None,
+            }
+        )
+
+    async def _chat(self, request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            return _error(f"invalid JSON: {exc}", 400, "Bad Request")
+        if self.wire == "sglang":
+            flag_error = sglang_wire.stream_flag_error(body)
+            if flag_error is not None:
+                return _json(sglang_wire.error_body(flag_error, "BadRequest", 400), 400)
+            if body.get("stream"):
+                return self._fail("streaming SGLang chat without capture flags is not emulated")
+        elif body.get("model") != self.model:
+            return _error(
+                f"The model `{body.get('model')}` does not exist. Valid aliases: {self.model}.",
+                404,
+                "NotFoundError",
+            )
+        tools = body.get("tools") or []
+        seen = ObservedRequest(
+            messages=body.get("messages") or [],
+            tool_names=tuple((t.get("function") or {}).get("name", "") for t in tools),
+        )
+        try:
+            turn = self._next_turn(body, seen)
+        except ScriptMismatch as exc:
+            return _error(f"scripted engine: {exc}", 500, "ScriptMismatch")
+        if body.get("stop"):
+            return self._fail(
+                "the request has stop strings, which the scripted engine does not emulate"
+            )
+        try:
+            prompt = vllm_wire.render_prompt(self.tokenizer, body)
+            max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+            if turn.max_tokens is not None:
+                max_tokens = min(max_tokens or turn.max_tokens, turn.max_tokens)
+            gen = vllm_wire.generate(
+                self.tokenizer,
+                turn.output_text(),
+                max_tokens=max_tokens,
+                force_length=turn.finish == "length",
+            )
+        except ValueError as exc:
+            return self._fail(str(exc))
+        tools_offered = bool(tools) and body.get("tool_choice") != "none"
+        if self.wire == "sglang":
+            return _json(
+                sglang_wire.whole_response(
+                    self.tokenizer, body, prompt, gen, tools_offered=tools_offered, model=self.model
+                )
+            )
+        if body.get("stream"):
+            return StreamingResponse(
+                self._stream(body, prompt, gen, tools_offered, crash_after=turn.crash_after),
+                media_type="text/event-stream",
+            )
+        return _json(self._whole(body, prompt, gen, tools_offered))
+
+    # ---------------------------------------------------------------- replies
+
+    def _details(self, body: dict[str, Any], gen: vllm_wire.Generation, i: int) -> dict[str, Any]:
+        return vllm_wire.token_detail(
+            self.tokenizer, gen.ids[i], gen.logprobs[i], int(body.get("top_logprobs") or 0)
+        )
+
+    def _whole(
+        self,
+        body: dict[str, Any],
+        prompt: list[int],
+        gen: vllm_wire.Generation,
+        tools_offered: bool,
+    ) -> dict[str, Any]:
+        parsed = vllm_wire.parse_whole(gen, tools_offered=tools_offered)
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": parsed.content,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+        }
+        if tools_offered:
+            message["tool_calls"] = parsed.tool_calls
+        message["reasoning"] = parsed.reasoning
+        finish = "tool_calls" if parsed.tool_calls and gen.finish == "stop" else gen.finish
+        want_ids = bool(body.get("return_token_ids"))
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "logprobs": (
+                {"content": [self._details(body, gen, i) for i in range(len(gen.ids))]}
+                if body.get("logprobs")
+                else None
+            ),
+            "finish_reason": finish,
+            "stop_reason": None,
+            "token_ids": gen.ids if want_ids else None,
+            "routed_experts": None,
+        }
+        return {
+            "id": f"chatcmpl-{secrets.token_hex(8)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": vllm_wire.SYSTEM_FINGERPRINT,
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "total_tokens": len(prompt) + len(gen.ids),
+                "completion_tokens": len(gen.ids),
+                "prompt_tokens_details": None,
+                "completion_tokens_details": {"reasoning_tokens": parsed.reasoning_tokens},
+            },
+            "prompt_logprobs": None,
+            "prompt_token_ids": prompt if want_ids else None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
+
+    async def _stream(
+        self,
+        body: dict[str, Any],
+        prompt: list[int],
+        gen: vllm_wire.Generation,
+        tools_offered: bool,
+        *,
+        crash_after: int | None,
+    ) -> AsyncIterator[bytes]:
+        head = {
+            "id": f"chatcmpl-{secrets.token_hex(8)}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": self.model,
+        }
+        want_ids = bool(body.get("return_token_ids"))
+        first: dict[str, Any] = {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        }
+        if want_ids:
+            first["prompt_token_ids"] = prompt
+        first["prompt_text"] = None
+        if self.token_delay_s:
+            await asyncio.sleep(self.token_delay_s)
+        yield b"data: " + orjson.dumps(first) + b"\n\n"
+        parser = vllm_wire.StreamParser(tools_offered=tools_offered)
+        last = len(gen.ids) - 1
+        for i, piece in enumerate(gen.token_texts):
+            if i == crash_after:
+                raise ScriptedCrash(f"scripted crash after {i} tokens")
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": parser.feed(piece),
+                "logprobs": (
+                    {"content": [self._details(body, gen, i)]} if body.get("logprobs") else None
+                ),
+            }
+            if i == last:
+                finish = gen.finish
+                if parser.tools_streamed and finish == "stop":
+                    finish = "tool_calls"
+                choice["finish_reason"] = finish
+                choice["stop_reason"] = None
+            else:
+                choice["finish_reason"] = None
+            if want_ids:
+                choice["token_ids"] = [gen.ids[i]]
+            yield b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n"
+        options = body.get("stream_options") or {}
+        if options.get("include_usage"):
+            usage = {
+                **head,
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": len(prompt),
+                    "total_tokens": len(prompt) + len(gen.ids),
+                    "completion_tokens": len(gen.ids),
+                    "completion_tokens_details": {"reasoning_tokens": parser.reasoning_tokens},
+                },
+                "system_fingerprint": vllm_wire.SYSTEM_FINGERPRINT,
+            }
+            yield b"data: " + orjson.dumps(usage) + b"\n\n"
+        yield b"data: [DONE]\n\n"

@@ -1,0 +1,151 @@
+"""How SGLang reports a chat generation, reproduced for the scripted engine.
+
+SGLang cannot run on this machine (its wheels are CUDA-only), so this follows
+SGLang's server code (``serving_chat.py``, ``protocol.py``, ``io_struct.py``
+of the 0.5.13+ line) rather than a live capture:
+
+* non-streaming ``/v1/chat/completions`` with ``return_prompt_token_ids`` puts
+  the prompt ids in ``choices[i].prompt_token_ids``; with ``return_meta_info``
+  and ``logprobs`` the sampled ids come as ``meta_info.output_token_logprobs``
+  triples ``[logprob, token_id, text]``; ``content`` is ``""`` rather than null;
+  ``matched_stop`` holds the EOS id (null for tool calls and length);
+* those flags are refused on streaming requests with HTTP 400 and a flat
+  ``{"object": "error", ...}`` body;
+* the id is a bare 32-hex uuid, tool call ids are ``call_`` + 24 hex.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from polar.proxy.engines.scripted import vllm_wire
+
+STREAM_FLAG_ERRORS = {
+    "return_prompt_token_ids": "return_prompt_token_ids is not supported with streaming. "
+    "Please set stream=false when using return_prompt_token_ids=true.",
+    "return_token_ids": "return_token_ids is not supported with streaming on "
+    "/v1/chat/completions. Please set stream=false when using return_token_ids=true.",
+    "return_meta_info": "return_meta_info is not supported with streaming. "
+    "Please set stream=false when using return_meta_info=true.",
+}
+
+
+def error_body(message: str, kind: str, status: int) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+
+
+def stream_flag_error(body: dict[str, Any]) -> str | None:
+    if not body.get("stream"):
+        return None
+    for flag, message in STREAM_FLAG_ERRORS.items():
+        if body.get(flag):
+            return message
+    return None
+
+
+def _entry(tokenizer: Any, token_id: int, logprob: float, top: int) -> dict[str, Any]:
+    detail = vllm_wire.token_detail(tokenizer, token_id, logprob, top)
+    return {
+        "token": detail["token"],
+        "bytes": detail["bytes"],
+        "logprob": detail["logprob"],
+        "top_logprobs": [
+            {"token": t["token"], "bytes": t["bytes"], "logprob": t["logprob"]}
+            for t in detail["top_logprobs"]
+        ],
+    }
+
+
+def whole_response(
+    tokenizer: Any,
+    body: dict[str, Any],
+    prompt: list[int],
+    gen: vllm_wire.Generation,
+    *,
+    tools_offered: bool,
+    model: str,
+) -> dict[str, Any]:
+    parsed = vllm_wire.parse_whole(gen, tools_offered=tools_offered)
+    rid = secrets.token_hex(16)
+    calls = [
+        {
+            "id": f"call_{secrets.token_hex(12)}",
+            "index": i,
+            "type": "function",
+            "function": call["function"],
+        }
+        for i, call in enumerate(parsed.tool_calls)
+    ]
+    if calls:
+        finish: dict[str, Any] = {"type": "tool_calls", "matched": None}
+    elif gen.finish == "stop":
+        finish = {"type": "stop", "matched": gen.eos_id}
+    else:
+        finish = {"type": "length", "length": len(gen.ids)}
+    top = int(body.get("top_logprobs") or 0)
+    texts = [tokenizer.decode([t], skip_special_tokens=False) for t in gen.ids]
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": len(prompt),
+        "weight_version": "default",
+        "num_retractions": 0,
+    }
+    if body.get("logprobs"):
+        meta["input_token_logprobs"] = [[None, prompt[-1], None]]
+        meta["output_token_logprobs"] = [
+            [lp, t, text] for lp, t, text in zip(gen.logprobs, gen.ids, texts, strict=True)
+        ]
+        meta["output_token_logprobs_length"] = len(gen.ids)
+    meta.update(
+        {
+            "reasoning_tokens": parsed.reasoning_tokens,
+            "completion_tokens": len(gen.ids),
+            "cached_tokens": 0,
+            "e2e_latency": 0.001,
+        }
+    )
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": parsed.content or "",
+            "reasoning_content": parsed.reasoning,
+            "tool_calls": calls or None,
+        },
+        "logprobs": (
+            {
+                "content": [
+                    _entry(tokenizer, t, lp, top)
+                    for t, lp in zip(gen.ids, gen.logprobs, strict=True)
+                ]
+            }
+            if body.get("logprobs")
+            else None
+        ),
+        "finish_reason": finish["type"],
+        "matched_stop": finish.get("matched"),
+    }
+    if body.get("return_prompt_token_ids") or body.get("return_token_ids"):
+        choice["prompt_token_ids"] = prompt
+    if body.get("return_token_ids"):
+        choice["token_ids"] = gen.ids
+    if body.get("return_meta_info"):
+        choice["meta_info"] = meta
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "total_tokens": len(prompt) + len(gen.ids),
+            "completion_tokens": len(gen.ids),
+            "prompt_tokens_details": None,
+            "reasoning_tokens": parsed.reasoning_tokens,
+        },
+        "metadata": {"weight_version": "default"},
+    }

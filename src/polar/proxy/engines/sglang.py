@@ -1,0 +1,116 @@
+"""SGLang's OpenAI-compatible chat route with token capture (engine-rendered mode).
+
+SGLang returns prompt ids with ``return_prompt_token_ids: true`` (in
+``choices[i].prompt_token_ids``) and the sampled ids with their logprobs in
+``choices[i].meta_info.output_token_logprobs`` (``[logprob, token_id, text]``
+triples) with ``return_meta_info: true`` and ``logprobs: true``. Newer builds
+also put the sampled ids in ``choices[i].token_ids``.
+
+SGLang rejects those flags on streaming requests (HTTP 400, "...is not
+supported with streaming"), so in this mode the gateway always calls SGLang
+without streaming and replays the finished turn to a streaming client. For
+true token streaming from SGLang use token-in/token-out capture, whose
+``/generate`` route streams ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
+
+from polar.ir import ChatRequest, EngineEvent, Finish, PromptTokens
+from polar.proxy.engines.base import EngineCall
+from polar.proxy.engines.openai_compat import (
+    chat_body,
+    delta_from_message,
+    finish_reason,
+    logprob_details,
+    usage,
+)
+from polar.proxy.engines.transport import EngineTransport
+from polar.proxy.errors import EngineProtocolError
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+class SglangChatEngine:
+    name = "sglang"
+
+    def __init__(
+        self,
+        transport: EngineTransport,
+        *,
+        model: str,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._transport = transport
+        self._model = model
+        self._template_kwargs = dict(template_kwargs or {})
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+    def prepare(self, request: ChatRequest) -> EngineCall:
+        body = chat_body(
+            request,
+            model=self._model,
+            reasoning_field="reasoning_content",
+            template_kwargs=self._template_kwargs,
+        )
+        constraint = request.structured_output or {}
+        for key in ("regex", "ebnf"):  # SGLang's spelling of vLLM's structured outputs
+            if key in constraint:
+                body[key] = constraint[key]
+        body["stream"] = False
+        body["logprobs"] = True
+        body["top_logprobs"] = request.top_logprobs or 0
+        body["return_prompt_token_ids"] = True
+        body["return_meta_info"] = True
+        body["separate_reasoning"] = True
+        return EngineCall(body=body, events=self._once(body))
+
+    async def _once(self, body: dict[str, Any]) -> AsyncGenerator[EngineEvent, None]:
+        reply = await self._transport.post_json(CHAT_PATH, body)
+        for event in parse_reply(reply):
+            yield event
+
+
+def parse_reply(reply: Any) -> list[EngineEvent]:
+    """A non-streamed SGLang chat completion (with meta_info) to IR events."""
+    try:
+        choice = reply["choices"][0]
+        message = choice["message"]
+        prompt_ids = tuple(choice["prompt_token_ids"])
+        meta = choice["meta_info"]
+        triples = meta["output_token_logprobs"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise EngineProtocolError(
+            f"SGLang reply lacks {exc}; the gateway needs an SGLang with "
+            "return_prompt_token_ids and return_meta_info (0.5.13 or newer)"
+        ) from None
+    ids = tuple(int(t[1]) for t in triples)
+    logprobs = tuple(float(t[0]) for t in triples)
+    if choice.get("token_ids") is not None and tuple(choice["token_ids"]) != ids:
+        raise EngineProtocolError("SGLang token_ids disagree with meta_info.output_token_logprobs")
+    content = (choice.get("logprobs") or {}).get("content")
+    details = logprob_details(content) if content is not None else None
+    if details is not None and len(details) != len(ids):
+        details = None  # SGLang merges identical top entries; ids and logprobs stay exact
+    completion_tokens = int(meta.get("completion_tokens", len(ids)))
+    return [
+        PromptTokens(prompt_ids),
+        delta_from_message(message, token_ids=ids, logprobs=logprobs, details=details),
+        Finish(
+            reason=finish_reason(choice.get("finish_reason")),
+            usage=usage(
+                reply.get("usage"),
+                fallback_prompt=len(prompt_ids),
+                fallback_completion=completion_tokens,
+            ),
+            matched_stop=choice.get("matched_stop"),
+        ),
+    ]

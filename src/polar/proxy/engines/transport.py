@@ -1,0 +1,182 @@
+"""HTTP to an inference server: a pooled client, SSE decoding, and the one
+place where transport failures become :class:`~polar.proxy.errors.EngineError`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from polar.proxy.engines.http1 import (
+    ConnectFailure,
+    ConnectionLost,
+    Http1Pool,
+    ProtocolFailure,
+    ReadTimeout,
+)
+from polar.proxy.errors import (
+    EngineHTTPError,
+    EngineProtocolError,
+    EngineTimeout,
+    EngineUnavailable,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    event: str | None
+    data: bytes
+
+
+class SSEDecoder:
+    """Incremental ``text/event-stream`` decoder (the WHATWG framing rules that matter here).
+
+    Feed raw bytes as they arrive; complete events come out. Only ``event:``
+    and ``data:`` fields are kept; comments and ``id:``/``retry:`` are skipped.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._event: str | None = None
+        self._data: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> Iterator[SSEEvent]:
+        self._buffer += chunk
+        while True:
+            newline = self._buffer.find(b"\n")
+            if newline < 0:
+                return
+            line = self._buffer[:newline]
+            self._buffer = self._buffer[newline + 1 :]
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if self._data:
+                    yield SSEEvent(self._event, b"\n".join(self._data))
+                self._event, self._data = None, []
+                continue
+            if line.startswith(b":"):
+                continue
+            name, _, value = line.partition(b":")
+            if value.startswith(b" "):
+                value = value[1:]
+            if name == b"data":
+                self._data.append(value)
+            elif name == b"event":
+                self._event = value.decode("utf-8", "replace")
+
+    def close(self) -> Iterator[SSEEvent]:
+        """Flush an event the server did not terminate with a blank line."""
+        if self._buffer:
+            yield from self.feed(b"\n")
+        if self._data:
+            yield SSEEvent(self._event, b"\n".join(self._data))
+            self._event, self._data = None, []
+
+
+def error_message(body: bytes) -> tuple[str, str | None]:
+    """Message and parameter from an engine's error body (vLLM, SGLang or plain text)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = body.decode("utf-8", "replace").strip()
+        return (text[:2000] or "empty error body"), None
+    if isinstance(doc, dict):
+        inner = doc.get("error", doc)
+        if isinstance(inner, dict):
+            message = inner.get("message") or inner.get("detail") or str(inner)
+            param = inner.get("param")
+            return str(message), str(param) if isinstance(param, str) else None
+        if isinstance(inner, str):
+            return inner, None
+    return str(doc)[:2000], None
+
+
+class EngineTransport:
+    """Pooled HTTP/1.1 to one engine base URL, with errors mapped to the gateway's tree."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: float = 900.0,
+        max_connections: int = 1024,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"content-type": "application/json"}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        self._pool = Http1Pool(
+            self.base_url,
+            connect_timeout_s=connect_timeout_s,
+            read_timeout_s=read_timeout_s,
+            max_idle=max_connections,
+            default_headers=headers,
+        )
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+    async def post_json(self, path: str, body: Any) -> Any:
+        """POST a JSON body, return the decoded JSON reply."""
+        with _mapped_errors(path):
+            response = await self._pool.request("POST", path, orjson.dumps(body), {})
+            content = await response.read()
+        if response.status >= 400:
+            raise _http_error(response.status, content)
+        try:
+            return orjson.loads(content)
+        except orjson.JSONDecodeError as exc:
+            raise EngineProtocolError(f"engine sent invalid JSON from {path}: {exc}") from exc
+
+    async def stream_sse(self, path: str, body: Any) -> AsyncIterator[SSEEvent]:
+        """POST a JSON body and yield the reply's server-sent events as they arrive.
+
+        An HTTP error status is raised before the first event. Closing the
+        iterator early closes the connection, which makes vLLM and SGLang
+        abort the generation.
+        """
+        with _mapped_errors(path):
+            response = await self._pool.request(
+                "POST", path, orjson.dumps(body), {"accept": "text/event-stream"}
+            )
+        if response.status >= 400:
+            with _mapped_errors(path):
+                content = await response.read()
+            raise _http_error(response.status, content)
+        decoder = SSEDecoder()
+        chunks = response.chunks()
+        try:
+            with _mapped_errors(path, mid_stream=True):
+                async for chunk in chunks:
+                    for event in decoder.feed(chunk):
+                        yield event
+            for event in decoder.close():
+                yield event
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+
+def _http_error(status: int, body: bytes) -> EngineHTTPError:
+    message, param = error_message(body)
+    return EngineHTTPError(
+        f"engine returned {status}: {message}", upstream_status=status, param=param
+    )
+
+
+@contextlib.contextmanager
+def _mapped_errors(path: str, *, mid_stream: bool = False) -> Iterator[None]:
+    try:
+        yield
+    except ReadTimeout as exc:
+        raise EngineTimeout(f"engine timed out on {path} ({exc})") from exc
+    except (ConnectFailure, ConnectionLost) as exc:
+        where = "mid-stream" if mid_stream else "before replying"
+        raise EngineUnavailable(f"engine connection failed {where} on {path}: {exc}") from exc
+    except ProtocolFailure as exc:
+        raise EngineProtocolError(f"engine sent a bad reply on {path}: {exc}") from exc

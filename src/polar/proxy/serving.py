@@ -1,0 +1,182 @@
+"""The request cycle every dialect shares: authenticate, parse, relay, encode.
+
+A dialect supplies a :class:`DialectCodec` (its translate and stream modules
+behind one object); :func:`serve` does the rest, as a plain ASGI handler:
+
+* auth before anything else, so an unknown key is refused without reading
+  the body or touching the engine;
+* streaming replies commit HTTP headers only once the engine produced its
+  first token, so early failures still get a real error status;
+* a client that disconnects mid-call cancels the engine call, which the relay
+  records as aborted;
+* every :class:`~polar.proxy.errors.ProxyError` is rendered by the codec,
+  anything else becomes a 500 in the dialect's shape and is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator
+from typing import Any, Protocol
+
+from polar.ir import ChatRequest, Completion, Delta, Dialect, Finish, TokenLogprob
+from polar.proxy.asgi import (
+    SSE,
+    DisconnectWatch,
+    Receive,
+    Scope,
+    Send,
+    headers_of,
+    read_body,
+    send_body,
+)
+from polar.proxy.errors import ProxyError
+from polar.proxy.gateway import Gateway
+from polar.proxy.inbound import api_key_of, json_object
+from polar.proxy.relay import Accumulator, CallInput
+
+_log = logging.getLogger(__name__)
+
+
+class StreamEncoder(Protocol):
+    def start(self) -> bytes: ...
+    def delta(self, event: Delta) -> bytes: ...
+    def finish(self, event: Finish) -> bytes: ...
+    def error(self, error: ProxyError) -> bytes: ...
+
+
+class DialectCodec(Protocol):
+    dialect: Dialect
+
+    def parse(self, body: dict[str, Any], gateway: Gateway) -> ChatRequest:
+        """Validate and translate a request body (raises ``ProxyError``)."""
+        ...
+
+    def error_body(self, error: ProxyError) -> bytes: ...
+
+    def reply_body(
+        self, request: ChatRequest, completion: Completion, details: list[TokenLogprob] | None
+    ) -> bytes:
+        """The non-streamed reply (JSON)."""
+        ...
+
+    def encoder(self, request: ChatRequest) -> StreamEncoder: ...
+
+
+class InternalError(ProxyError):
+    status = 500
+    code = "internal_error"
+
+
+async def serve(
+    scope: Scope, receive: Receive, send: Send, codec: DialectCodec, gateway: Gateway
+) -> None:
+    arrived = time.time()
+    headers = headers_of(scope)
+    try:
+        session = gateway.authenticate(api_key_of(headers))
+        raw = await read_body(
+            receive, gateway.config.limits.max_body_bytes, headers.get("content-length")
+        )
+        body = json_object(raw)
+        chat = codec.parse(body, gateway)
+    except ProxyError as error:
+        await send_body(send, error.status, codec.error_body(error))
+        return
+    events = gateway.relay.run(
+        CallInput(
+            session=session, dialect=codec.dialect, request=chat, original=body, arrived=arrived
+        )
+    )
+    watch = DisconnectWatch(receive)
+    try:
+        if chat.stream:
+            await _stream(send, codec, chat, events)
+        else:
+            await _collect(send, codec, chat, events)
+    except asyncio.CancelledError:
+        if not watch.disconnected:
+            raise
+        # The client left; the relay has recorded the call as aborted.
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+    finally:
+        watch.done()
+        await events.aclose()
+
+
+async def _error(send: Send, codec: DialectCodec, error: Exception) -> None:
+    if not isinstance(error, ProxyError):
+        _log.error("internal error serving %s", codec.dialect.value, exc_info=error)
+        error = InternalError(f"internal gateway error: {error!r}")
+    await send_body(send, error.status, codec.error_body(error))
+
+
+async def _collect(
+    send: Send,
+    codec: DialectCodec,
+    chat: ChatRequest,
+    events: AsyncGenerator[Delta | Finish, None],
+) -> None:
+    acc = Accumulator()
+    details: list[TokenLogprob] | None = [] if chat.top_logprobs is not None else None
+    try:
+        async for event in events:
+            if isinstance(event, Delta):
+                acc.add(event)
+                if details is not None and event.details:
+                    details.extend(event.details)
+                continue
+            completion = Completion(
+                prompt_ids=acc.prompt_ids,
+                output_ids=tuple(acc.output_ids),
+                output_logprobs=tuple(acc.logprobs),
+                finish_reason=event.reason,
+                message=acc.message(),
+                usage=event.usage,
+            )
+            await send_body(send, 200, codec.reply_body(chat, completion, details))
+            return
+        raise InternalError("engine call ended without a result")
+    except Exception as error:
+        await _error(send, codec, error)
+
+
+async def _stream(
+    send: Send,
+    codec: DialectCodec,
+    chat: ChatRequest,
+    events: AsyncGenerator[Delta | Finish, None],
+) -> None:
+    try:
+        event: Delta | Finish = await anext(events)
+    except Exception as error:
+        await _error(send, codec, error)
+        return
+    encoder = codec.encoder(chat)
+    await send({"type": "http.response.start", "status": 200, "headers": SSE})
+    pending = encoder.start()
+    while True:
+        if isinstance(event, Finish):
+            await send({"type": "http.response.body", "body": pending + encoder.finish(event)})
+            return
+        pending += encoder.delta(event)
+        if pending:
+            await send({"type": "http.response.body", "body": pending, "more_body": True})
+            pending = b""
+        try:
+            event = await anext(events)
+        except StopAsyncIteration:
+            failure: ProxyError = InternalError("engine call ended without a result")
+        except ProxyError as error:
+            failure = error
+        except Exception as error:
+            _log.error("internal error streaming %s", codec.dialect.value, exc_info=error)
+            failure = InternalError(f"internal gateway error: {error!r}")
+        else:
+            continue
+        await send({"type": "http.response.body", "body": encoder.error(failure)})
+        return

@@ -1,0 +1,148 @@
+"""``polar gateway`` and ``polar records`` as a user runs them (real subprocesses)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from polar.ir import CaptureMode, CompletionRecord, Dialect, RecordStatus, Timings
+from polar.proxy.engines.vllm_process import free_port
+from polar.proxy.store import SessionRow, SqliteStore
+
+
+def polar(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "polar", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **kwargs,
+    )
+
+
+def test_gateway_help_documents_every_option() -> None:
+    result = polar("gateway", "--help")
+    assert result.returncode == 0
+    options = re.findall(r"(--[a-z][a-z0-9-]+)", result.stdout)
+    assert {
+        "--config",
+        "--engine-url",
+        "--engine-model",
+        "--admin-token",
+        "--capture",
+        "--store",
+    } <= set(options)
+    from polar.cli.gateway import gateway
+
+    documented = {p.replace("_", "-") for p in gateway.__annotations__ if p != "return"}
+    for name in documented:
+        assert f"--{name}" in result.stdout.replace("…", ""), name
+
+
+def test_bad_config_file_gives_one_line_naming_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        "admin_token: 0123456789abcdef0123\n"
+        "engine:\n  base_url: http://127.0.0.1:1\n  model: tiny\n  max_attempts: zero\n"
+    )
+    result = polar("gateway", "--config", str(config))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "engine.max_attempts" in lines[0] and lines[0].startswith("polar gateway: error:")
+
+
+def test_unknown_config_field_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        "admin_token: 0123456789abcdef0123\n"
+        "engine: {base_url: 'http://x:1', model: m}\n"
+        "prot: 8000\n"
+    )
+    result = polar("gateway", "--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"polar gateway: error: {config}: prot: unknown field"
+
+
+def test_flags_override_the_file_and_check_prints_the_result(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        "admin_token: 0123456789abcdef0123\nengine: {base_url: 'http://x:1', model: m}\nport: 1\n"
+    )
+    result = polar("gateway", "--config", str(config), "--port", "9123", "--check")
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["port"] == 9123 and "admin_token" not in shown
+
+
+def test_gateway_serves_from_the_command_line(tmp_path: Path) -> None:
+    port = free_port()
+    command = [
+        sys.executable, "-m", "polar", "gateway",
+        "--port", str(port),
+        "--admin-token", "0123456789abcdef0123",
+        "--engine-url", "http://127.0.0.1:9",
+        "--engine-model", "tiny",
+        "--store", str(tmp_path / "r.db"),
+    ]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            created = httpx.post(
+                f"http://127.0.0.1:{port}/admin/sessions",
+                headers={"authorization": "Bearer 0123456789abcdef0123"},
+                json={},
+            )
+            assert created.status_code == 201
+            assert (tmp_path / "r.db").exists()
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+def test_records_command_prints_a_sessions_records(tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    store = SqliteStore(db)
+    store.open()
+
+    async def fill() -> None:
+        await store.insert_session(
+            SessionRow(id="s1", key_hash="h", created_at=0, closed_at=None, metadata={}, last_seq=0)
+        )
+        await store.append(
+            CompletionRecord(
+                session_id="s1", seq=1, attempt=1, status=RecordStatus.COMPLETED,
+                dialect=Dialect.OPENAI_CHAT, capture=CaptureMode.ENGINE_RENDERED, engine="vllm",
+                model="tiny", policy_version=0, stream=False, original_request={"a": 1},
+                engine_request={"b": 2}, timings=Timings(arrived=1.0), prompt_ids=(1, 2, 3),
+                output_ids=(4,), output_logprobs=(-0.5,),
+            )
+        )  # fmt: skip
+
+    asyncio.run(fill())
+    store.close()
+    result = polar("records", "s1", "--store", str(db), "--format", "jsonl")
+    assert result.returncode == 0, result.stderr
+    (row,) = [json.loads(line) for line in result.stdout.splitlines()]
+    assert row["prompt_ids"] == [1, 2, 3] and row["output_logprobs"] == [-0.5]
+    summary = polar("records", "s1", "--store", str(db), "--format", "summary")
+    assert "completed" in summary.stdout
+    missing = polar("records", "nope", "--store", str(db))
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == f"polar records: error: no session 'nope' in {db}"
+    no_store = polar("records", "s1", "--store", str(tmp_path / "absent.db"))
+    assert no_store.returncode == 1 and "no record store here" in no_store.stderr

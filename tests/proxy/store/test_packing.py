@@ -1,0 +1,90 @@
+"""Packed token ids, prefix lengths and content-addressed request bodies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from polar.proxy.store.packing import (
+    blob_key,
+    common_prefix_tokens,
+    decode_blob,
+    encode_blob,
+    join_body,
+    pack_floats,
+    pack_ids,
+    split_body,
+    unpack_floats,
+    unpack_ids,
+)
+
+ids = st.lists(st.integers(min_value=0, max_value=2**32 - 1), max_size=300)
+
+
+@given(ids)
+def test_ids_round_trip(values: list[int]) -> None:
+    assert unpack_ids(pack_ids(values)) == tuple(values)
+
+
+@given(st.lists(st.floats(allow_nan=False), max_size=100))
+def test_logprobs_round_trip_exactly(values: list[float]) -> None:
+    assert unpack_floats(pack_floats(values)) == tuple(values)
+
+
+@given(ids, ids, ids)
+def test_common_prefix_matches_a_plain_scan(shared: list[int], a: list[int], b: list[int]) -> None:
+    left, right = shared + a, shared + b
+    expected = 0
+    for x, y in zip(left, right, strict=False):
+        if x != y:
+            break
+        expected += 1
+    assert common_prefix_tokens(pack_ids(left), pack_ids(right)) == expected
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=200),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@given(st.dictionaries(st.text(max_size=12), json_values, max_size=8))
+def test_split_and_join_restore_any_body(body: dict[str, Any]) -> None:
+    skeleton, blobs, _ = split_body(body)
+    store = dict(blobs)
+    assert len(skeleton) < 200 + 16 * len(body) + len(repr(body)), "lists leave the skeleton"
+    assert join_body(skeleton, store.__getitem__) == body
+
+
+def test_client_data_that_looks_like_a_reference_is_not_misread() -> None:
+    body = {"messages": [{"$blob": "00" * 32}, {"role": "user", "content": "x" * 500}]}
+    skeleton, blobs, _ = split_body(body)
+    store = dict(blobs)
+    assert join_body(skeleton, store.__getitem__) == body
+
+
+def test_a_grown_conversation_adds_only_its_new_messages() -> None:
+    history = [{"role": "user", "content": f"message {i} " + "x" * 200} for i in range(100)]
+    skeleton_99, first, _ = split_body({"messages": history[:99]})
+    skeleton_100, second, _ = split_body({"messages": history})
+    new = {key for key, _ in second} - {key for key, _ in first}
+    assert len(new) == 2  # one chain node and the message itself
+    assert len(skeleton_100) == len(skeleton_99), "the skeleton does not grow with the history"
+
+
+def test_content_keys_are_content_hashes() -> None:
+    big = {"role": "user", "content": "y" * 500}
+    _, blobs, _ = split_body({"messages": [big]})
+    assert (blob_key(b'{"role":"user","content":"' + b"y" * 500 + b'"}'), None) in [
+        (key, None) for key, _ in blobs
+    ]
+
+
+@given(st.binary(max_size=5000))
+def test_blob_encoding_round_trips(data: bytes) -> None:
+    assert decode_blob(encode_blob(data)) == data

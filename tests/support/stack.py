@@ -1,0 +1,106 @@
+"""A scripted engine and a gateway, both real HTTP servers, for end-to-end tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+from openai import OpenAI
+
+from polar.ir import CompletionRecord
+from polar.proxy.app import create_app
+from polar.proxy.config import GatewayConfig
+from polar.proxy.engines.scripted import Script, ScriptedEngine
+from polar.proxy.gateway import Gateway
+from polar.proxy.store import SqliteStore
+from polar.serverthread import ServerThread
+
+ADMIN_TOKEN = "test-admin-token-0123456789"
+
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+
+
+class Stack:
+    def __init__(
+        self,
+        root: Path,
+        tokenizer: Any,
+        script: Script,
+        *,
+        wire: str = "vllm",
+        token_delay_s: float = 0.0,
+        engine_url: str | None = None,
+        engine: dict[str, Any] | None = None,
+        **config: Any,
+    ) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.root = root
+        self.engine = ScriptedEngine(
+            script,
+            tokenizer,
+            token_delay_s=token_delay_s,
+            wire=wire,  # type: ignore[arg-type]
+        ).start()
+        self.db_path = root / "records.db"
+        self.config = GatewayConfig.model_validate(
+            {
+                "admin_token": ADMIN_TOKEN,
+                "engine": {
+                    "kind": wire,
+                    "base_url": engine_url or self.engine.url,
+                    "model": "scripted",
+                    "retry_backoff_s": 0.01,
+                    **(engine or {}),
+                },
+                "store": {"path": str(self.db_path)},
+                **config,
+            }
+        )
+        self.start_gateway()
+
+    def start_gateway(self) -> None:
+        self.gateway = Gateway(self.config)
+        self.server = ServerThread(create_app(self.gateway)).start()
+        self.url = self.server.url
+
+    def stop_gateway(self) -> None:
+        self.server.stop()
+
+    def close(self) -> None:
+        self.server.stop()
+        self.engine.stop()
+
+    def admin(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30
+        )
+
+    def new_session(self, **metadata: Any) -> tuple[str, str]:
+        with self.admin() as admin:
+            reply = admin.post("/admin/sessions", json={"metadata": metadata})
+        reply.raise_for_status()
+        body = reply.json()
+        return body["session_id"], body["api_key"]
+
+    def openai(self, api_key: str, **options: Any) -> OpenAI:
+        return OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, **options)
+
+    def client(self, api_key: str) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"authorization": f"Bearer {api_key}"}, timeout=30
+        )
+
+    def records(self, session_id: str) -> list[CompletionRecord]:
+        return SqliteStore(self.db_path).records(session_id)
