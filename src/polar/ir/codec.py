@@ -17,6 +17,9 @@ from polar.ir.records import (
     CompletionRecord,
     Dialect,
     ErrorKind,
+    MalformedToolCall,
+    PromptLineage,
+    PromptOrigin,
     RecordStatus,
     Timings,
 )
@@ -109,6 +112,30 @@ def usage_from_json(data: Any) -> Usage:
     )
 
 
+def lineage_to_json(lineage: PromptLineage) -> dict[str, Any]:
+    return {
+        "origin": lineage.origin.value,
+        "base_seq": lineage.base_seq,
+        "base_attempt": lineage.base_attempt,
+        "shared_tokens": lineage.shared_tokens,
+        "base_tokens": lineage.base_tokens,
+        "spliced": lineage.spliced,
+    }
+
+
+def lineage_from_json(data: Any) -> PromptLineage:
+    if not isinstance(data, dict):
+        raise ValueError("lineage: expected an object")
+    return PromptLineage(
+        origin=PromptOrigin(data["origin"]),
+        base_seq=data.get("base_seq"),
+        base_attempt=data.get("base_attempt"),
+        shared_tokens=int(data.get("shared_tokens", 0)),
+        base_tokens=int(data.get("base_tokens", 0)),
+        spliced=bool(data.get("spliced", False)),
+    )
+
+
 def record_to_json(record: CompletionRecord) -> dict[str, Any]:
     """The full record as one JSON object (the ``polar records --format jsonl`` row)."""
     return {
@@ -143,6 +170,10 @@ def record_to_json(record: CompletionRecord) -> dict[str, Any]:
             if record.error
             else None
         ),
+        "lineage": lineage_to_json(record.lineage) if record.lineage else None,
+        "malformed_tool_calls": [
+            {"raw": m.raw, "reason": m.reason} for m in record.malformed_tool_calls
+        ],
         "original_request": record.original_request,
         "engine_request": record.engine_request,
     }
@@ -190,6 +221,11 @@ def record_from_json(data: Any) -> CompletionRecord:
                 )
                 if error
                 else None
+            ),
+            lineage=lineage_from_json(data["lineage"]) if data.get("lineage") else None,
+            malformed_tool_calls=tuple(
+                MalformedToolCall(raw=str(m["raw"]), reason=str(m["reason"]))
+                for m in data.get("malformed_tool_calls") or ()
             ),
         )
     except KeyError as exc:

@@ -38,6 +38,48 @@ class ErrorKind(StrEnum):
     INTERNAL = "internal"
 
 
+class PromptOrigin(StrEnum):
+    """How a call's prompt relates to the session's earlier calls."""
+
+    FRESH = "fresh"
+    """No earlier call shares a token with it (first call, a new conversation)."""
+    EXTENDS = "extends"
+    """It is, token for token, an earlier call's prompt + sampled output + new tokens."""
+    REWRITTEN = "rewritten"
+    """The conversation extends an earlier call's, but its tokens do not: the
+    template or the harness re-rendered history (e.g. dropped reasoning)."""
+    DIVERGED = "diverged"
+    """The conversation extends no earlier call (history edited, dropped or
+    compacted, or another conversation); it shares ``shared_tokens`` with one."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLineage:
+    """Where a prompt came from, measured in tokens against the session's calls.
+
+    ``base_seq``/``base_attempt`` name the earlier call it is compared with;
+    the prompt agrees with that call's prompt + output for ``shared_tokens`` of
+    its ``base_tokens`` tokens, so a drift starts at token ``shared_tokens``.
+    ``spliced`` is true when the gateway put the base call's raw sampled ids
+    into this prompt (gateway-rendered capture).
+    """
+
+    origin: PromptOrigin
+    base_seq: int | None = None
+    base_attempt: int | None = None
+    shared_tokens: int = 0
+    base_tokens: int = 0
+    spliced: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MalformedToolCall:
+    """A tool call the model wrote that could not be parsed; its text went to the client."""
+
+    raw: str
+    reason: str
+
+
 @dataclass(frozen=True, slots=True)
 class CallError:
     kind: ErrorKind
@@ -84,6 +126,8 @@ class CompletionRecord:
     message: Message | None = None
     usage: Usage | None = None
     error: CallError | None = None
+    lineage: PromptLineage | None = None
+    malformed_tool_calls: tuple[MalformedToolCall, ...] = ()
 
     @property
     def key(self) -> str:

@@ -150,9 +150,9 @@ def _status(gateway: Gateway) -> dict[str, Any]:
         "paused": gate.paused,
         "inflight": gate.inflight,
         "policy_version": gate.policy_version,
-        "engine": gateway.engine.name,
-        "model": gateway.engine.model,
-        "capture": gateway.config.capture.value,
+        "engine": gateway.capture.engine_name,
+        "model": gateway.capture.model,
+        "capture": gateway.capture.mode.value,
         "open_sessions": len(gateway.sessions.open_sessions()),
     }
 

@@ -27,7 +27,8 @@ class _Section(BaseModel):
 class EngineConfig(_Section):
     kind: str = Field(
         default="vllm",
-        description="Engine plug-in: 'vllm', 'sglang', or a dotted path 'package.module:factory'.",
+        description="Engine plug-in: 'vllm', 'sglang', 'embedded' (token-in/token-out only), "
+        "or a dotted path 'package.module:factory'.",
     )
     base_url: str = Field(
         description="Base URL of the inference server, e.g. http://127.0.0.1:8011"
@@ -54,6 +55,29 @@ class EngineConfig(_Section):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
+
+
+class RenderConfig(_Section):
+    """Gateway-side rendering, used with ``capture: token_in_token_out``."""
+
+    tokenizer: Path | None = Field(
+        default=None,
+        description="Hugging Face tokenizer directory with the model's chat template "
+        "(default: the bundled Qwen3 tokenizer).",
+    )
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra chat-template variables (e.g. enable_thinking)."
+    )
+    tool_format: Literal["hermes", "qwen3_coder"] = Field(
+        default="hermes", description="How the model writes tool calls."
+    )
+    reasoning: bool = Field(default=True, description="Parse <think>...</think> as reasoning.")
+    end_of_turn: str | None = Field(
+        default=None, description="The token that ends a turn (default: the tokenizer's eos)."
+    )
+    stop_token_ids: list[int] = Field(
+        default_factory=list, description="More token ids that end generation."
+    )
 
 
 class StoreConfig(_Section):
@@ -91,6 +115,7 @@ class GatewayConfig(_Section):
     admin_token: str = Field(min_length=16, description="Token for /admin endpoints.")
     capture: CaptureMode = CaptureMode.ENGINE_RENDERED
     engine: EngineConfig
+    render: RenderConfig = RenderConfig()
     store: StoreConfig = StoreConfig()
     limits: LimitsConfig = LimitsConfig()
     dialects: DialectsConfig = DialectsConfig()

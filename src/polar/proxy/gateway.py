@@ -18,12 +18,13 @@ import logging
 from collections.abc import Iterable
 
 from polar.ir import CompletionRecord, Dialect
+from polar.proxy.capture import Capture
 from polar.proxy.config import GatewayConfig
-from polar.proxy.engines.base import ChatEngine
-from polar.proxy.engines.registry import build_engine
+from polar.proxy.engines.registry import build_capture
 from polar.proxy.errors import AuthenticationFailed
 from polar.proxy.gate import Gate
 from polar.proxy.relay import Relay
+from polar.proxy.render.splice import Transcripts
 from polar.proxy.sessions import Session, SessionRegistry
 from polar.proxy.store import SqliteStore
 
@@ -31,17 +32,18 @@ _log = logging.getLogger(__name__)
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig, *, engine: ChatEngine | None = None) -> None:
+    def __init__(self, config: GatewayConfig, *, capture: Capture | None = None) -> None:
         self.config = config
         self.store = SqliteStore(config.store.path, synchronous=config.store.synchronous)
         self.sessions = SessionRegistry(self.store)
         self.gate = Gate()
-        self.engine = engine if engine is not None else build_engine(config.engine)
+        self.transcripts = Transcripts()
+        self.capture = capture if capture is not None else build_capture(config)
         self.relay = Relay(
-            self.engine,
+            self.capture,
             self.store,
             self.gate,
-            capture=config.capture,
+            self.transcripts,
             max_attempts=config.engine.max_attempts,
             retry_backoff_s=config.engine.retry_backoff_s,
             pause_wait_s=config.limits.pause_wait_s,
@@ -53,7 +55,7 @@ class Gateway:
         self.sessions.load()
 
     async def stop(self) -> None:
-        await self.engine.aclose()
+        await self.capture.aclose()
         self.store.close()
 
     def authenticate(self, api_key: str | None) -> Session:

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 from polar.ir import (
     CallError,
-    CaptureMode,
     ChatRequest,
     CompletionRecord,
     Delta,
@@ -43,9 +42,10 @@ from polar.ir import (
     ToolCall,
     Usage,
 )
-from polar.proxy.engines.base import ChatEngine
+from polar.proxy.capture import Capture, PreparedCall
 from polar.proxy.errors import EngineError, EngineProtocolError
 from polar.proxy.gate import Gate
+from polar.proxy.render.splice import PastCall, Transcripts, lineage_of
 from polar.proxy.sessions import Session
 from polar.proxy.store import SqliteStore
 
@@ -116,19 +116,19 @@ class Accumulator:
 class Relay:
     def __init__(
         self,
-        engine: ChatEngine,
+        capture: Capture,
         store: SqliteStore,
         gate: Gate,
+        transcripts: Transcripts,
         *,
-        capture: CaptureMode,
         max_attempts: int,
         retry_backoff_s: float,
         pause_wait_s: float,
     ) -> None:
-        self.engine = engine
+        self.capture = capture
         self._store = store
         self._gate = gate
-        self._capture = capture
+        self._transcripts = transcripts
         self._max_attempts = max_attempts
         self._backoff = retry_backoff_s
         self._pause_wait = pause_wait_s
@@ -136,11 +136,13 @@ class Relay:
     async def run(self, call: CallInput) -> AsyncGenerator[Delta | Finish, None]:
         """Serve one call; yields deltas as they arrive and the finish event last."""
         seq = call.session.next_seq()
+        transcript = self._transcripts.get(call.session.id)
+        messages = call.request.messages
         async with self._gate.admit(wait_s=self._pause_wait) as policy_version:
             attempt = 0
             while True:
                 attempt += 1
-                engine_call = self.engine.prepare(call.request)
+                engine_call = self.capture.prepare(call.request, transcript)
                 acc = Accumulator()
                 timings = {"engine_started": time.time(), "first_token": None}
 
@@ -151,22 +153,25 @@ class Relay:
                     error: CallError | None = None,
                     acc: Accumulator = acc,
                     attempt: int = attempt,
-                    body: JsonObject = engine_call.body,
+                    prepared: PreparedCall = engine_call,
                     timings: dict[str, float | None] = timings,
                 ) -> CompletionRecord:
+                    lineage = prepared.lineage
+                    if lineage is None and acc.prompt_ids:
+                        lineage = lineage_of(acc.prompt_ids, messages, transcript)
                     return CompletionRecord(
                         session_id=call.session.id,
                         seq=seq,
                         attempt=attempt,
                         status=status,
                         dialect=call.dialect,
-                        capture=self._capture,
-                        engine=self.engine.name,
-                        model=self.engine.model,
+                        capture=self.capture.mode,
+                        engine=self.capture.engine_name,
+                        model=self.capture.model,
                         policy_version=policy_version,
                         stream=call.request.stream,
                         original_request=call.original,
-                        engine_request=body,
+                        engine_request=prepared.body,
                         timings=Timings(
                             arrived=call.arrived,
                             engine_started=timings["engine_started"],
@@ -180,6 +185,8 @@ class Relay:
                         message=acc.message(),
                         usage=finish.usage if finish else _partial_usage(acc),
                         error=error,
+                        lineage=lineage,
+                        malformed_tool_calls=tuple(prepared.malformed),
                     )
 
                 sent_any = False
@@ -196,8 +203,17 @@ class Relay:
                                 sent_any = True
                                 yield event
                             else:
-                                await self._store.append(
-                                    record(RecordStatus.COMPLETED, finish=event)
+                                done = record(RecordStatus.COMPLETED, finish=event)
+                                await self._store.append(done)
+                                transcript.add(
+                                    PastCall(
+                                        seq=seq,
+                                        attempt=attempt,
+                                        messages=messages,
+                                        prompt_ids=done.prompt_ids,
+                                        output_ids=done.output_ids,
+                                        output=done.message or acc.message(),
+                                    )
                                 )
                                 finished = True
                                 yield event

@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from polar.ir import ChatRequest, EngineEvent, JsonObject
+from polar.ir import ChatRequest, EngineEvent, JsonObject, Sampling
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,5 +39,35 @@ class ChatEngine(Protocol):
         """Build the call. Raises :class:`~polar.proxy.errors.InvalidRequest` for
         requests this engine cannot serve; talks to the network only when iterated."""
         ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRequest:
+    """A generation from token ids (gateway-rendered capture)."""
+
+    prompt_ids: tuple[int, ...]
+    sampling: Sampling
+    stream: bool
+    stop_token_ids: tuple[int, ...] = ()
+    top_logprobs: int | None = None
+    """Alternatives per token the client wants to see (``None``: none)."""
+
+
+class TokenEngine(Protocol):
+    """An engine that takes token ids and returns sampled ids with their logprobs.
+
+    Its events carry ``Delta.token_ids``/``Delta.logprobs`` (no text) and a
+    ``Finish``; the gateway decodes and parses the text itself.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    def prepare(self, request: TokenRequest) -> EngineCall: ...
 
     async def aclose(self) -> None: ...

@@ -1,19 +1,29 @@
-"""Engines by name: built-ins, or any ``package.module:factory`` plug-in.
+"""Engines and capture modes by name: built-ins, or ``package.module:factory`` plug-ins.
 
-A plug-in factory takes the :class:`~polar.proxy.config.EngineConfig` and
-returns an object satisfying :class:`~polar.proxy.engines.base.ChatEngine`.
+A plug-in factory takes the :class:`~polar.proxy.config.GatewayConfig` and
+returns a :class:`~polar.proxy.engines.base.ChatEngine` (engine-rendered
+capture) or a :class:`~polar.proxy.engines.base.TokenEngine`
+(token-in/token-out), matching the configured capture mode.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import Any
 
-from polar.proxy.config import ConfigError, EngineConfig
-from polar.proxy.engines.base import ChatEngine
+from polar.assets import QWEN3_TOKENIZER_DIR
+from polar.ir import CaptureMode
+from polar.proxy.capture import Capture, EngineRendered, GatewayRendered
+from polar.proxy.config import ConfigError, EngineConfig, GatewayConfig
+from polar.proxy.engines.base import ChatEngine, TokenEngine
 from polar.proxy.engines.sglang import SglangChatEngine
+from polar.proxy.engines.sglang_tokens import SglangTokenEngine
 from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.engines.vllm import VllmChatEngine
+from polar.proxy.engines.vllm_tokens import VllmTokenEngine
+from polar.proxy.render.parse import ParserOptions, ToolFormat
+from polar.proxy.render.template import ChatTemplate
 
 
 def _transport(config: EngineConfig) -> EngineTransport:
@@ -26,32 +36,73 @@ def _transport(config: EngineConfig) -> EngineTransport:
     )
 
 
-def _vllm(config: EngineConfig) -> ChatEngine:
-    return VllmChatEngine(
-        _transport(config), model=config.model, template_kwargs=config.template_kwargs
-    )
+CHAT_ENGINES: dict[str, Callable[[EngineConfig], ChatEngine]] = {
+    "vllm": lambda c: VllmChatEngine(
+        _transport(c), model=c.model, template_kwargs=c.template_kwargs
+    ),
+    "sglang": lambda c: SglangChatEngine(
+        _transport(c), model=c.model, template_kwargs=c.template_kwargs
+    ),
+}
+
+TOKEN_ENGINES: dict[str, Callable[[EngineConfig], TokenEngine]] = {
+    "vllm": lambda c: VllmTokenEngine(_transport(c), model=c.model),
+    "embedded": lambda c: VllmTokenEngine(_transport(c), model=c.model, name="embedded"),
+    "sglang": lambda c: SglangTokenEngine(_transport(c), model=c.model),
+}
 
 
-def _sglang(config: EngineConfig) -> ChatEngine:
-    return SglangChatEngine(
-        _transport(config), model=config.model, template_kwargs=config.template_kwargs
-    )
+def _plugin(kind: str) -> Callable[[GatewayConfig], Any]:
+    module_name, _, attr = kind.partition(":")
+    if not attr:
+        raise ConfigError(
+            f"engine.kind: unknown engine {kind!r}; use one of "
+            f"{sorted(set(CHAT_ENGINES) | set(TOKEN_ENGINES))} or 'package.module:factory'"
+        )
+    try:
+        factory: Callable[[GatewayConfig], Any] = getattr(
+            importlib.import_module(module_name), attr
+        )
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"engine.kind: cannot load {kind!r} ({exc})") from None
+    return factory
 
 
-BUILTIN: dict[str, Callable[[EngineConfig], ChatEngine]] = {"vllm": _vllm, "sglang": _sglang}
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
 
 
-def build_engine(config: EngineConfig) -> ChatEngine:
-    factory = BUILTIN.get(config.kind)
-    if factory is None:
-        module_name, _, attr = config.kind.partition(":")
-        if not attr:
+def build_capture(config: GatewayConfig) -> Capture:
+    kind = config.engine.kind
+    if config.capture is CaptureMode.ENGINE_RENDERED:
+        if kind == "embedded":
             raise ConfigError(
-                f"engine.kind: unknown engine {config.kind!r}; use one of "
-                f"{sorted(BUILTIN)} or 'package.module:factory'"
+                "engine.kind: the embedded engine takes token ids; use capture: token_in_token_out"
             )
-        try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"engine.kind: cannot load {config.kind!r} ({exc})") from None
-    return factory(config)
+        chat = CHAT_ENGINES[kind](config.engine) if kind in CHAT_ENGINES else _plugin(kind)(config)
+        return EngineRendered(chat)
+    tokens = TOKEN_ENGINES[kind](config.engine) if kind in TOKEN_ENGINES else _plugin(kind)(config)
+    render = config.render
+    path = render.tokenizer or QWEN3_TOKENIZER_DIR
+    try:
+        tokenizer = load_tokenizer(str(path))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"render.tokenizer: cannot load a tokenizer from {path} ({exc})"
+        ) from None
+    try:
+        template = ChatTemplate(
+            tokenizer, template_kwargs=render.template_kwargs, end_of_turn=render.end_of_turn
+        )
+    except ValueError as exc:
+        raise ConfigError(f"render.end_of_turn: {exc}") from None
+    return GatewayRendered(
+        template,
+        tokens,
+        parser=ParserOptions(
+            tool_format=ToolFormat(render.tool_format), reasoning=render.reasoning
+        ),
+        stop_token_ids=tuple(render.stop_token_ids),
+    )

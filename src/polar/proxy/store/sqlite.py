@@ -36,10 +36,18 @@ from polar.ir import (
     Dialect,
     ErrorKind,
     FinishReason,
+    MalformedToolCall,
     RecordStatus,
     Timings,
 )
-from polar.ir.codec import message_from_json, message_to_json, usage_from_json, usage_to_json
+from polar.ir.codec import (
+    lineage_from_json,
+    lineage_to_json,
+    message_from_json,
+    message_to_json,
+    usage_from_json,
+    usage_to_json,
+)
 from polar.proxy.store.packing import (
     ListMemo,
     common_prefix_tokens,
@@ -55,7 +63,7 @@ from polar.proxy.store.packing import (
 
 _log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -95,14 +103,24 @@ CREATE TABLE IF NOT EXISTS records (
     prompt_tail BLOB NOT NULL,
     output_ids BLOB NOT NULL,
     output_logprobs BLOB NOT NULL,
+    lineage TEXT,
+    malformed TEXT,
     UNIQUE (session_id, seq, attempt)
 );
 """
 
+# Statements that bring a store of version N-1 to version N.
+_MIGRATIONS = {
+    2: (
+        "ALTER TABLE records ADD COLUMN lineage TEXT",
+        "ALTER TABLE records ADD COLUMN malformed TEXT",
+    ),
+}
+
 _RECORD_COLUMNS = (
     "rowid, session_id, seq, attempt, status, dialect, capture, engine, model, policy_version, "
     "stream, finish_reason, error, timings, usage, message, original_request, engine_request, "
-    "prompt_base, prompt_shared, prompt_tail, output_ids, output_logprobs"
+    "prompt_base, prompt_shared, prompt_tail, output_ids, output_logprobs, lineage, malformed"
 )
 
 
@@ -228,10 +246,18 @@ class SqliteStore:
                     "INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
                     (str(SCHEMA_VERSION),),
                 )
-            elif int(row[0]) != SCHEMA_VERSION:
+            elif int(row[0]) > SCHEMA_VERSION:
                 raise StoreError(
-                    f"{self.path}: record store schema version {row[0]}, "
-                    f"this Polar reads version {SCHEMA_VERSION}"
+                    f"{self.path}: record store schema version {row[0]} is newer than "
+                    f"this Polar's ({SCHEMA_VERSION})"
+                )
+            else:
+                for version in range(int(row[0]) + 1, SCHEMA_VERSION + 1):
+                    for statement in _MIGRATIONS[version]:
+                        conn.execute(statement)
+                conn.execute(
+                    "UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                    (str(SCHEMA_VERSION),),
                 )
             conn.commit()
         except sqlite3.DatabaseError as exc:
@@ -405,7 +431,7 @@ class SqliteStore:
         base, shared = self._bases.best(record.session_id, prompt)
         cursor = conn.execute(
             f"INSERT INTO records ({_RECORD_COLUMNS}) VALUES "
-            "(NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "(NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 record.session_id,
                 record.seq,
@@ -429,6 +455,14 @@ class SqliteStore:
                 prompt[shared * 4 :],
                 output,
                 pack_floats(record.output_logprobs),
+                _dumps(lineage_to_json(record.lineage)) if record.lineage else None,
+                (
+                    _dumps(
+                        [{"raw": m.raw, "reason": m.reason} for m in record.malformed_tool_calls]
+                    )
+                    if record.malformed_tool_calls
+                    else None
+                ),
             ),
         )
         rowid = cursor.lastrowid
@@ -595,4 +629,9 @@ def _record_from_row(
         prompt_ids=unpack_ids(prompt),
         output_ids=unpack_ids(row[21]),
         output_logprobs=unpack_floats(row[22]),
+        lineage=lineage_from_json(orjson.loads(row[23])) if row[23] else None,
+        malformed_tool_calls=tuple(
+            MalformedToolCall(raw=m["raw"], reason=m["reason"])
+            for m in (orjson.loads(row[24]) if row[24] else ())
+        ),
     )

@@ -97,7 +97,7 @@ def routes(gateway: Gateway) -> list[BaseRoute]:
         body = {
             "object": "list",
             "data": [
-                {"id": gateway.engine.model, "object": "model", "created": 0, "owned_by": "polar"}
+                {"id": gateway.capture.model, "object": "model", "created": 0, "owned_by": "polar"}
             ],
         }
         return Response(orjson.dumps(body), media_type="application/json")

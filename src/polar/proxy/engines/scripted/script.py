@@ -35,6 +35,8 @@ class ObservedRequest:
     messages: Sequence[Mapping[str, Any]] = ()
     tool_names: tuple[str, ...] = ()
     prompt_ids: tuple[int, ...] | None = None
+    prompt_text: str | None = None
+    """Token-in requests: the decoded prompt (chat requests: None)."""
 
 
 def _text(message: Mapping[str, Any]) -> str:
@@ -55,9 +57,27 @@ class Expect:
     messages: int | None = None
     tools_include: tuple[str, ...] = ()
     prompt_ids: tuple[int, ...] | None = None
+    prompt_contains: str | None = None
+    prompt_ends_with: str | None = None
 
     def problems(self, seen: ObservedRequest) -> list[str]:
         out: list[str] = []
+        if seen.prompt_text is not None:
+            needs_chat = [
+                name
+                for name in ("last_role", "last_text_contains", "messages", "tools_include")
+                if getattr(self, name)
+            ]
+            if needs_chat:
+                return [f"expectations {needs_chat} need a chat request, got token ids"]
+            text = seen.prompt_text
+            if self.prompt_contains is not None and self.prompt_contains not in text:
+                out.append(f"expected the prompt to contain {self.prompt_contains!r}")
+            if self.prompt_ends_with is not None and not text.endswith(self.prompt_ends_with):
+                out.append(
+                    f"expected the prompt to end with {self.prompt_ends_with!r}, "
+                    f"got ...{text[-120:]!r}"
+                )
         last = seen.messages[-1] if seen.messages else None
         if self.last_role is not None:
             role = last.get("role") if last else None
@@ -100,6 +120,8 @@ def _expect(data: dict[str, Any], where: str) -> Expect:
         "messages",
         "tools_include",
         "prompt_ids",
+        "prompt_contains",
+        "prompt_ends_with",
     }
     if unknown:
         raise ScriptError(f"{where}: unknown fields {sorted(unknown)}")
@@ -110,6 +132,8 @@ def _expect(data: dict[str, Any], where: str) -> Expect:
         messages=data.get("messages"),
         tools_include=tuple(data.get("tools_include") or ()),
         prompt_ids=tuple(prompt_ids) if prompt_ids is not None else None,
+        prompt_contains=data.get("prompt_contains"),
+        prompt_ends_with=data.get("prompt_ends_with"),
     )
 
 

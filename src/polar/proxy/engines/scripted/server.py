@@ -84,6 +84,8 @@ class ScriptedEngine:
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/generate", self._generate, methods=["POST"]),
                 Route("/tokenize", self._tokenize, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
@@ -256,6 +258,158 @@ class ScriptedEngine:
                 media_type="text/event-stream",
             )
         return _json(self._whole(body, prompt, gen, tools_offered))
+
+    # ---------------------------------------------------------------- token in
+
+    def _token_turn(
+        self, body: dict[str, Any], prompt: list[int], max_tokens: int | None
+    ) -> tuple[Turn, vllm_wire.Generation]:
+        """Check a token-in request against the script; sample the scripted turn."""
+        if not prompt or not all(isinstance(i, int) for i in prompt):
+            raise ScriptMismatch("the prompt must be a non-empty list of token ids")
+        seen = ObservedRequest(
+            prompt_ids=tuple(prompt),
+            prompt_text=self.tokenizer.decode(prompt, skip_special_tokens=False),
+        )
+        turn = self._next_turn(body, seen)
+        if turn.max_tokens is not None:
+            max_tokens = min(max_tokens or turn.max_tokens, turn.max_tokens)
+        try:
+            gen = vllm_wire.generate(
+                self.tokenizer,
+                turn.output_text(),
+                max_tokens=max_tokens,
+                force_length=turn.finish == "length",
+            )
+        except ValueError as exc:
+            raise ScriptMismatch(str(exc)) from None
+        return turn, gen
+
+    async def _completions(self, request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            return _error(f"invalid JSON: {exc}", 400, "Bad Request")
+        if body.get("model") != self.model:
+            return _error(f"The model `{body.get('model')}` does not exist.", 404, "NotFoundError")
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list):
+            return self._fail("the scripted engine takes token-id prompts on /v1/completions")
+        try:
+            turn, gen = self._token_turn(body, prompt, body.get("max_tokens"))
+        except ScriptMismatch as exc:
+            return _error(f"scripted engine: {exc}", 500, "ScriptMismatch")
+        stops = list(body.get("stop_token_ids") or ())
+        top = int(body.get("logprobs") or 0)
+        head = {
+            "id": f"cmpl-{secrets.token_hex(8)}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+        }
+        usage = {
+            "prompt_tokens": len(prompt),
+            "total_tokens": len(prompt) + len(gen.ids),
+            "completion_tokens": len(gen.ids),
+        }
+        if not body.get("stream"):
+            choice = {
+                "index": 0,
+                "text": gen.text,
+                "logprobs": vllm_wire.completion_logprobs(
+                    self.tokenizer, gen, 0, len(gen.ids), 0, top
+                ),
+                "finish_reason": gen.finish,
+                "stop_reason": vllm_wire.stop_reason(gen, stops),
+                "token_ids": gen.ids,
+                "prompt_logprobs": None,
+                "prompt_token_ids": prompt,
+                "routed_experts": None,
+            }
+            return _json(
+                {
+                    **head,
+                    "choices": [choice],
+                    "service_tier": None,
+                    "system_fingerprint": vllm_wire.SYSTEM_FINGERPRINT,
+                    "usage": {
+                        **usage,
+                        "prompt_tokens_details": None,
+                        "completion_tokens_details": None,
+                    },
+                    "kv_transfer_params": None,
+                    "ec_transfer_params": None,
+                    "metrics": None,
+                }
+            )
+
+        async def chunks() -> AsyncIterator[bytes]:
+            offset = 0
+            for i, piece in enumerate(gen.token_texts):
+                if i == turn.crash_after:
+                    raise ScriptedCrash(f"scripted crash after {i} tokens")
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+                last = i == len(gen.ids) - 1
+                choice = {
+                    "index": 0,
+                    "text": piece,
+                    "logprobs": vllm_wire.completion_logprobs(
+                        self.tokenizer, gen, i, i + 1, offset, top
+                    ),
+                    "finish_reason": gen.finish if last else None,
+                    "stop_reason": vllm_wire.stop_reason(gen, stops) if last else None,
+                    "prompt_token_ids": prompt if i == 0 else None,
+                    "token_ids": [gen.ids[i]],
+                }
+                offset += len(piece)
+                yield b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n"
+            if (body.get("stream_options") or {}).get("include_usage"):
+                tail = {
+                    **head,
+                    "choices": [],
+                    "usage": usage,
+                    "system_fingerprint": vllm_wire.SYSTEM_FINGERPRINT,
+                }
+                yield b"data: " + orjson.dumps(tail) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    async def _generate(self, request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            return _json({"error": {"message": f"invalid JSON: {exc}"}}, 400)
+        prompt = body.get("input_ids")
+        if not isinstance(prompt, list):
+            return self._fail("the scripted engine takes input_ids on /generate")
+        params = body.get("sampling_params") or {}
+        try:
+            turn, gen = self._token_turn(body, prompt, params.get("max_new_tokens", 128))
+        except ScriptMismatch as exc:
+            return _json({"error": {"message": f"scripted engine: {exc}"}}, 400)
+        rid = secrets.token_hex(16)
+        if not body.get("stream"):
+            meta = sglang_wire.generate_meta(gen, prompt, len(gen.ids), rid, final=True)
+            return _json({"text": gen.text, "output_ids": gen.ids, "meta_info": meta})
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for i in range(len(gen.ids)):
+                if i == turn.crash_after:
+                    raise ScriptedCrash(f"scripted crash after {i} tokens")
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+                final = i == len(gen.ids) - 1
+                chunk = {
+                    "text": "".join(gen.token_texts[: i + 1]),
+                    "output_ids": gen.ids[: i + 1],
+                    "meta_info": sglang_wire.generate_meta(gen, prompt, i + 1, rid, final=final),
+                }
+                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
 
     # ---------------------------------------------------------------- replies
 

@@ -149,3 +149,32 @@ def whole_response(
         },
         "metadata": {"weight_version": "default"},
     }
+
+
+def generate_meta(
+    gen: vllm_wire.Generation, prompt: list[int], upto: int, rid: str, *, final: bool
+) -> dict[str, Any]:
+    """``meta_info`` of SGLang's ``/generate`` after ``upto`` tokens (cumulative)."""
+    if not final:
+        finish: dict[str, Any] | None = None
+    elif gen.finish == "stop":
+        finish = {"type": "stop", "matched": gen.ids[-1]}
+    else:
+        finish = {"type": "length", "length": len(gen.ids)}
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": len(prompt),
+        "weight_version": "default",
+        "num_retractions": 0,
+        "input_token_logprobs": [[None, prompt[-1], None]],
+        "output_token_logprobs": [
+            [lp, t, None] for lp, t in zip(gen.logprobs[:upto], gen.ids[:upto], strict=True)
+        ],
+        "output_token_logprobs_length": upto,
+        "completion_tokens": upto,
+        "cached_tokens": 0,
+    }
+    if final:
+        meta["e2e_latency"] = 0.001
+    return meta

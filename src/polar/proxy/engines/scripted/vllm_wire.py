@@ -360,3 +360,37 @@ class StreamParser:
                 complete = False
             yield body, complete
             return
+
+
+# ---------------------------------------------------------------- completions (token-in)
+
+
+def completion_logprobs(
+    tokenizer: Any, gen: Generation, start: int, end: int, offset: int, top: int
+) -> dict[str, Any]:
+    """vLLM's completions-style ``logprobs`` object for tokens ``start:end``."""
+    tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in gen.ids[start:end]]
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    tops = []
+    for i, token in zip(range(start, end), tokens, strict=True):
+        entry = {token: gen.logprobs[i]}
+        for k in range(1, top):
+            alt = tokenizer.decode([(gen.ids[i] + 7919 * k) % 151643], skip_special_tokens=False)
+            entry.setdefault(alt, gen.logprobs[i] - 1.5 * k)
+        tops.append(entry)
+    return {
+        "text_offset": offsets,
+        "token_logprobs": gen.logprobs[start:end],
+        "tokens": tokens,
+        "top_logprobs": tops,
+    }
+
+
+def stop_reason(gen: Generation, stop_ids: Sequence[int]) -> int | None:
+    """vLLM reports a stop token id as the stop reason, but not the model's EOS."""
+    if gen.finish == "stop" and gen.ids and gen.ids[-1] != gen.eos_id and gen.ids[-1] in stop_ids:
+        return gen.ids[-1]
+    return None

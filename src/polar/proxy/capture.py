@@ -1,0 +1,193 @@
+"""Capture modes: who renders the prompt and parses the output.
+
+* :class:`EngineRendered`: the engine applies the chat template and parses
+  tool calls (vLLM/SGLang chat routes); the gateway records the ids the engine
+  reports and measures afterwards how each prompt relates to earlier calls.
+* :class:`GatewayRendered` (token-in/token-out): the gateway renders the
+  prompt itself, splicing in the raw sampled ids of earlier turns so prompts
+  are append-only, sends token ids to the engine, and parses reasoning, text
+  and tool calls out of the sampled tokens as they stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from polar.ir import (
+    CaptureMode,
+    ChatRequest,
+    Delta,
+    EngineEvent,
+    Finish,
+    FinishReason,
+    JsonObject,
+    MalformedToolCall,
+    PromptLineage,
+    PromptTokens,
+    TokenLogprob,
+)
+from polar.proxy.engines.base import ChatEngine, TokenEngine, TokenRequest
+from polar.proxy.render.parse import OutputParser, ParserOptions, Piece
+from polar.proxy.render.splice import Transcript, plan_prompt
+from polar.proxy.render.template import ChatTemplate
+
+
+@dataclass(slots=True)
+class PreparedCall:
+    body: JsonObject
+    events: AsyncGenerator[EngineEvent, None] = field(repr=False)
+    lineage: PromptLineage | None = None
+    """Known up front when the gateway rendered the prompt; else measured after."""
+    malformed: list[MalformedToolCall] = field(default_factory=list)
+    """Tool calls the gateway's parser could not read (filled while streaming)."""
+
+
+class Capture(Protocol):
+    mode: CaptureMode
+
+    @property
+    def engine_name(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    def prepare(self, request: ChatRequest, transcript: Transcript) -> PreparedCall: ...
+
+    async def aclose(self) -> None: ...
+
+
+class EngineRendered:
+    mode = CaptureMode.ENGINE_RENDERED
+
+    def __init__(self, engine: ChatEngine) -> None:
+        self.engine = engine
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine.name
+
+    @property
+    def model(self) -> str:
+        return self.engine.model
+
+    def prepare(self, request: ChatRequest, transcript: Transcript) -> PreparedCall:
+        call = self.engine.prepare(request)
+        return PreparedCall(body=call.body, events=call.events)
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()
+
+
+class GatewayRendered:
+    mode = CaptureMode.TOKEN_IN_TOKEN_OUT
+
+    def __init__(
+        self,
+        template: ChatTemplate,
+        engine: TokenEngine,
+        *,
+        parser: ParserOptions,
+        stop_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        self.template = template
+        self.engine = engine
+        self._parser = parser
+        self._stops = tuple(dict.fromkeys((template.end_of_turn_id, *stop_token_ids)))
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine.name
+
+    @property
+    def model(self) -> str:
+        return self.engine.model
+
+    def prepare(self, request: ChatRequest, transcript: Transcript) -> PreparedCall:
+        plan = plan_prompt(
+            self.template,
+            request.messages,
+            request.tools,
+            transcript,
+            kwargs=request.template_kwargs,
+        )
+        opt = self._parser
+        tail = plan.tail_text
+        in_reasoning = opt.reasoning and tail.rfind(opt.think_start) > tail.rfind(opt.think_end)
+        parser = OutputParser(opt, tools=request.tools, in_reasoning=in_reasoning)
+        call = self.engine.prepare(
+            TokenRequest(
+                prompt_ids=plan.ids,
+                sampling=request.sampling,
+                stream=request.stream,
+                stop_token_ids=self._stops,
+                top_logprobs=request.top_logprobs,
+            )
+        )
+        prepared = PreparedCall(
+            body=call.body, events=self._parse(plan.ids, call.events, parser), lineage=plan.lineage
+        )
+        prepared.malformed = parser.malformed
+        return prepared
+
+    async def _parse(
+        self,
+        prompt_ids: tuple[int, ...],
+        events: AsyncGenerator[EngineEvent, None],
+        parser: OutputParser,
+    ) -> AsyncGenerator[EngineEvent, None]:
+        yield PromptTokens(prompt_ids)
+        text = self.template.text
+        stream = text.stream()
+        calls = False
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, Delta):
+                    # Stop tokens end the turn; their text is not part of the message.
+                    visible = [i for i in event.token_ids if i not in self._stops]
+                    piece = parser.feed(stream.feed(visible))
+                    calls = calls or bool(piece.tool_calls)
+                    yield self._delta(event, piece)
+                elif isinstance(event, Finish):
+                    piece = parser.feed(stream.flush())
+                    piece.extend(parser.finish())
+                    calls = calls or bool(piece.tool_calls)
+                    if piece.text or piece.reasoning or piece.tool_calls:
+                        yield Delta(
+                            text=piece.text,
+                            reasoning=piece.reasoning,
+                            tool_calls=tuple(piece.tool_calls),
+                        )
+                    reason = event.reason
+                    if calls and reason is FinishReason.STOP:
+                        reason = FinishReason.TOOL_CALLS
+                    yield Finish(reason=reason, usage=event.usage, matched_stop=event.matched_stop)
+
+    def _delta(self, event: Delta, piece: Piece) -> Delta:
+        details = None
+        if event.details is not None:
+            text = self.template.text
+            details = tuple(
+                TokenLogprob(
+                    token=text.decode([token_id]),
+                    logprob=logprob,
+                    bytes=tuple(text.bytes_of(token_id)),
+                    top=(event.details[i].top if i < len(event.details) else ()),
+                )
+                for i, (token_id, logprob) in enumerate(
+                    zip(event.token_ids, event.logprobs, strict=True)
+                )
+            )
+        return Delta(
+            token_ids=event.token_ids,
+            logprobs=event.logprobs,
+            text=piece.text,
+            reasoning=piece.reasoning,
+            tool_calls=tuple(piece.tool_calls),
+            details=details,
+        )
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()

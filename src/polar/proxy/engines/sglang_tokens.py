@@ -1,0 +1,136 @@
+"""Token-in/token-out through SGLang's native ``POST /generate``.
+
+``input_ids`` in, ``output_ids`` and ``meta_info.output_token_logprobs``
+(``[logprob, token_id, text]`` triples) out, with ``return_logprob: true``.
+Streams carry the whole output so far in every chunk by default
+(``--incremental-streaming-output`` makes them carry only the new part); this
+client handles both by counting what it has already passed on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import orjson
+
+from polar.ir import Delta, EngineEvent, Finish, Usage
+from polar.proxy.engines.base import EngineCall, TokenRequest
+from polar.proxy.engines.openai_compat import finish_reason
+from polar.proxy.engines.transport import EngineTransport
+from polar.proxy.errors import EngineProtocolError
+
+GENERATE_PATH = "/generate"
+
+
+def generate_body(request: TokenRequest) -> dict[str, Any]:
+    s = request.sampling
+    params: dict[str, Any] = {"skip_special_tokens": False, "no_stop_trim": True}
+    for key, value in (
+        ("max_new_tokens", s.max_tokens),
+        ("temperature", s.temperature),
+        ("top_p", s.top_p),
+        ("top_k", s.top_k),
+        ("min_p", s.min_p),
+        ("presence_penalty", s.presence_penalty),
+        ("frequency_penalty", s.frequency_penalty),
+        ("repetition_penalty", s.repetition_penalty),
+        ("sampling_seed", s.seed),
+    ):
+        if value is not None:
+            params[key] = value
+    if s.stop:
+        params["stop"] = list(s.stop)
+    if s.logit_bias:
+        params["logit_bias"] = {str(token): bias for token, bias in s.logit_bias.items()}
+    if request.stop_token_ids:
+        params["stop_token_ids"] = list(request.stop_token_ids)
+    return {
+        "input_ids": list(request.prompt_ids),
+        "sampling_params": params,
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "top_logprobs_num": request.top_logprobs or 0,
+        "stream": request.stream,
+    }
+
+
+def _triples(meta: dict[str, Any]) -> list[Any]:
+    triples = meta.get("output_token_logprobs")
+    if not isinstance(triples, list):
+        raise EngineProtocolError("SGLang reply lacks meta_info.output_token_logprobs")
+    return triples
+
+
+class SglangTokenEngine:
+    name = "sglang"
+
+    def __init__(self, transport: EngineTransport, *, model: str) -> None:
+        self._transport = transport
+        self._model = model
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+    def prepare(self, request: TokenRequest) -> EngineCall:
+        body = generate_body(request)
+        return EngineCall(body=body, events=self._run(body))
+
+    async def _run(self, body: dict[str, Any]) -> AsyncGenerator[EngineEvent, None]:
+        sent = 0
+        meta: dict[str, Any] = {}
+        if body["stream"]:
+            async for sse in self._transport.stream_sse(GENERATE_PATH, body):
+                if sse.data == b"[DONE]":
+                    break
+                try:
+                    chunk = orjson.loads(sse.data)
+                except orjson.JSONDecodeError as exc:
+                    raise EngineProtocolError(
+                        f"SGLang sent a chunk that is not JSON: {exc}"
+                    ) from exc
+                if "error" in chunk:
+                    raise EngineProtocolError(f"SGLang failed mid-stream: {chunk['error']}")
+                meta = chunk.get("meta_info") or {}
+                delta, sent = _new_part(chunk, meta, sent)
+                if delta.token_ids:
+                    yield delta
+        else:
+            reply = await self._transport.post_json(GENERATE_PATH, body)
+            meta = reply.get("meta_info") or {}
+            delta, sent = _new_part(reply, meta, 0)
+            yield delta
+        if not meta.get("finish_reason"):
+            raise EngineProtocolError("SGLang output ended without a finish_reason")
+        yield Finish(
+            reason=finish_reason(meta["finish_reason"]),
+            usage=Usage(
+                prompt_tokens=int(meta.get("prompt_tokens", len(body["input_ids"]))),
+                completion_tokens=int(meta.get("completion_tokens", sent)),
+                cached_tokens=meta.get("cached_tokens"),
+            ),
+            matched_stop=(meta["finish_reason"] or {}).get("matched"),
+        )
+
+
+def _new_part(chunk: dict[str, Any], meta: dict[str, Any], sent: int) -> tuple[Delta, int]:
+    """The ids and logprobs not yet passed on, whether chunks are cumulative or not."""
+    ids = [int(i) for i in chunk.get("output_ids") or ()]
+    triples = _triples(meta)
+    total = int(meta.get("output_token_logprobs_length", meta.get("completion_tokens", len(ids))))
+    if len(ids) == total and total >= sent:  # cumulative (SGLang's default)
+        ids, triples = ids[sent:], triples[sent:] if len(triples) == total else triples
+    if len(triples) != len(ids):
+        raise EngineProtocolError(
+            f"SGLang sent {len(ids)} new ids but {len(triples)} logprob entries"
+        )
+    if any(int(t[1]) != i for t, i in zip(triples, ids, strict=True)):
+        raise EngineProtocolError("SGLang output_ids disagree with output_token_logprobs")
+    return (
+        Delta(token_ids=tuple(ids), logprobs=tuple(float(t[0]) for t in triples)),
+        sent + len(ids),
+    )

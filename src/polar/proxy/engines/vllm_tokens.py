@@ -1,0 +1,163 @@
+"""Token-in/token-out through vLLM's completions route (``POST /v1/completions``).
+
+The prompt is a list of token ids, so vLLM applies no chat template; with
+``return_token_ids: true`` and ``logprobs: 0`` every reply (or stream chunk)
+carries the sampled ids and one logprob each (``logprobs.token_logprobs``).
+The embedded CPU engine serves the same route, so this client drives both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import orjson
+
+from polar.ir import Delta, EngineEvent, Finish, FinishReason, TokenLogprob, TopLogprob
+from polar.proxy.engines.base import EngineCall, TokenRequest
+from polar.proxy.engines.openai_compat import finish_reason, usage
+from polar.proxy.engines.transport import EngineTransport
+from polar.proxy.errors import EngineProtocolError
+
+COMPLETIONS_PATH = "/v1/completions"
+
+
+def completion_body(request: TokenRequest, *, model: str) -> dict[str, Any]:
+    s = request.sampling
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": list(request.prompt_ids),
+        "stream": request.stream,
+        "logprobs": request.top_logprobs or 0,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+    }
+    for key, value in (
+        ("max_tokens", s.max_tokens),
+        ("temperature", s.temperature),
+        ("top_p", s.top_p),
+        ("top_k", s.top_k),
+        ("min_p", s.min_p),
+        ("presence_penalty", s.presence_penalty),
+        ("frequency_penalty", s.frequency_penalty),
+        ("repetition_penalty", s.repetition_penalty),
+        ("seed", s.seed),
+    ):
+        if value is not None:
+            body[key] = value
+    if s.stop:
+        body["stop"] = list(s.stop)
+    if s.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in s.logit_bias.items()}
+    if request.stop_token_ids:
+        body["stop_token_ids"] = list(request.stop_token_ids)
+    if request.stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def _choice_delta(choice: dict[str, Any], *, details: bool) -> Delta:
+    ids = tuple(int(i) for i in choice.get("token_ids") or ())
+    logprobs = choice.get("logprobs") or {}
+    values = tuple(float(x) for x in logprobs.get("token_logprobs") or ())
+    if len(values) != len(ids):
+        raise EngineProtocolError(
+            f"engine sent {len(ids)} token ids but {len(values)} logprobs on {COMPLETIONS_PATH}"
+        )
+    detail = None
+    if details:
+        tokens = logprobs.get("tokens") or [""] * len(ids)
+        tops = logprobs.get("top_logprobs") or [None] * len(ids)
+        detail = tuple(
+            TokenLogprob(
+                token=str(token),
+                logprob=value,
+                top=tuple(TopLogprob(token=k, logprob=float(v)) for k, v in (top or {}).items()),
+            )
+            for token, value, top in zip(tokens, values, tops, strict=False)
+        )
+    return Delta(token_ids=ids, logprobs=values, details=detail)
+
+
+class VllmTokenEngine:
+    """vLLM (or the embedded engine) driven with token ids."""
+
+    def __init__(self, transport: EngineTransport, *, model: str, name: str = "vllm") -> None:
+        self._transport = transport
+        self._model = model
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+    def prepare(self, request: TokenRequest) -> EngineCall:
+        body = completion_body(request, model=self._model)
+        details = request.top_logprobs is not None
+        events = self._stream(body, details) if request.stream else self._once(body, details)
+        return EngineCall(body=body, events=events)
+
+    async def _once(self, body: dict[str, Any], details: bool) -> AsyncGenerator[EngineEvent, None]:
+        reply = await self._transport.post_json(COMPLETIONS_PATH, body)
+        try:
+            choice = reply["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise EngineProtocolError(
+                f"engine reply on {COMPLETIONS_PATH} has no choices"
+            ) from None
+        delta = _choice_delta(choice, details=details)
+        yield delta
+        yield Finish(
+            reason=finish_reason(choice.get("finish_reason")),
+            usage=usage(
+                reply.get("usage"),
+                fallback_prompt=len(body["prompt"]),
+                fallback_completion=len(delta.token_ids),
+            ),
+            matched_stop=choice.get("stop_reason"),
+        )
+
+    async def _stream(
+        self, body: dict[str, Any], details: bool
+    ) -> AsyncGenerator[EngineEvent, None]:
+        reason: FinishReason | None = None
+        matched: Any = None
+        raw_usage: Any = None
+        produced = 0
+        done = False
+        async for sse in self._transport.stream_sse(COMPLETIONS_PATH, body):
+            if sse.data == b"[DONE]":
+                done = True
+                break
+            try:
+                chunk = orjson.loads(sse.data)
+            except orjson.JSONDecodeError as exc:
+                raise EngineProtocolError(f"engine sent a chunk that is not JSON: {exc}") from exc
+            if "error" in chunk and "choices" not in chunk:
+                raise EngineProtocolError(f"engine failed mid-stream: {chunk['error']}")
+            if chunk.get("usage") is not None:
+                raw_usage = chunk["usage"]
+            for choice in chunk.get("choices") or ():
+                delta = _choice_delta(choice, details=details)
+                if delta.token_ids:
+                    produced += len(delta.token_ids)
+                    yield delta
+                if choice.get("finish_reason") is not None:
+                    reason = finish_reason(choice["finish_reason"])
+                    matched = choice.get("stop_reason")
+        if reason is None or not done:
+            raise EngineProtocolError(f"engine stream on {COMPLETIONS_PATH} ended before finishing")
+        yield Finish(
+            reason=reason,
+            usage=usage(
+                raw_usage, fallback_prompt=len(body["prompt"]), fallback_completion=produced
+            ),
+            matched_stop=matched,
+        )

@@ -1,0 +1,231 @@
+"""Append-only prompts: splice the raw sampled ids of earlier turns back in.
+
+A harness resends the whole conversation on every call, and what it resends
+is not what the model produced: it re-serializes tool-call arguments, drops
+reasoning, trims whitespace, and the chat template may rewrite earlier turns.
+Rendering that text again gives a prompt that is not a token extension of the
+previous one, so the model is trained on a context it never saw.
+
+The gateway keeps, per session, the recent calls it served (messages, prompt
+ids, sampled ids, the assistant message it returned). When a request's
+messages extend one of them (its messages, then an assistant turn that is the
+one the gateway produced), the new prompt is that call's prompt, its sampled
+ids, and the template's rendering of only the new messages after that turn. If
+no earlier call is extended the prompt is rendered from scratch and its
+relation to the session's calls is measured and recorded (:func:`lineage_of`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from polar.ir import (
+    JsonObject,
+    Message,
+    PromptLineage,
+    PromptOrigin,
+    Role,
+    TextPart,
+    ToolSpec,
+)
+from polar.proxy.render.template import ChatTemplate
+
+
+@dataclass(frozen=True, slots=True)
+class PastCall:
+    """A completed call of the session, as a base for later prompts."""
+
+    seq: int
+    attempt: int
+    messages: tuple[Message, ...]
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    output: Message
+
+    @property
+    def tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+
+@dataclass(slots=True)
+class Transcript:
+    """The recent calls of one session (newest last)."""
+
+    calls: deque[PastCall] = field(default_factory=lambda: deque(maxlen=16))
+
+    def add(self, call: PastCall) -> None:
+        self.calls.append(call)
+
+
+class Transcripts:
+    """Transcripts of the sessions the gateway is serving, least recently used dropped."""
+
+    def __init__(self, max_sessions: int = 4096) -> None:
+        self._max = max_sessions
+        self._by_session: OrderedDict[str, Transcript] = OrderedDict()
+
+    def get(self, session_id: str) -> Transcript:
+        transcript = self._by_session.get(session_id)
+        if transcript is None:
+            transcript = self._by_session[session_id] = Transcript()
+            while len(self._by_session) > self._max:
+                self._by_session.popitem(last=False)
+        else:
+            self._by_session.move_to_end(session_id)
+        return transcript
+
+    def drop(self, session_id: str) -> None:
+        self._by_session.pop(session_id, None)
+
+
+# ---------------------------------------------------------------- matching turns
+
+
+def _canonical_arguments(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments.strip()
+
+
+def _text(message: Message) -> str:
+    return "\n".join(p.text for p in message.parts if isinstance(p, TextPart)).strip()
+
+
+def _role(message: Message) -> Role:
+    return Role.SYSTEM if message.role is Role.DEVELOPER else message.role
+
+
+def same_turn(sent: Message, known: Message) -> bool:
+    """Whether a resent message is the same turn as a known one.
+
+    Tolerates what harnesses change when they resend: whitespace around text,
+    tool-call arguments re-serialized, reasoning dropped, text parts versus a
+    string, ``developer`` versus ``system``. Tool-call ids are not compared
+    (some harnesses mint their own); names and arguments are.
+    """
+    if sent == known:
+        return True
+    if _role(sent) is not _role(known) or _text(sent) != _text(known):
+        return False
+    if sent.tool_call_id != known.tool_call_id:
+        return False
+    a, b = sent.tool_calls, known.tool_calls
+    if len(a) != len(b):
+        return False
+    return all(
+        x.name == y.name and _canonical_arguments(x.arguments) == _canonical_arguments(y.arguments)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def extended_call(messages: Sequence[Message], transcript: Transcript) -> PastCall | None:
+    """The latest call whose conversation ``messages`` extends: its messages, then
+    the assistant turn it produced. Longest such conversation wins."""
+    best: PastCall | None = None
+    for call in reversed(transcript.calls):
+        n = len(call.messages)
+        if len(messages) <= n or (best is not None and n <= len(best.messages)):
+            continue
+        if messages[n].role is not Role.ASSISTANT or not same_turn(messages[n], call.output):
+            continue
+        if all(same_turn(messages[i], call.messages[i]) for i in range(n)):
+            best = call
+    return best
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], chunk: int = 4096) -> int:
+    """Leading items two sequences share; compares slices, so it costs about the
+    shared length in C rather than one Python step per token."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i : i + chunk] == b[i : i + chunk]:
+        i += chunk
+    if i >= n:
+        return n
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def lineage_of(
+    prompt_ids: Sequence[int], messages: Sequence[Message], transcript: Transcript
+) -> PromptLineage:
+    """How a prompt relates to the session's earlier calls (any capture mode)."""
+    base = extended_call(messages, transcript)
+    prompt = tuple(prompt_ids)
+    if base is not None:
+        full = base.prompt_ids + base.output_ids
+        shared = _common_prefix(prompt, full)
+        return PromptLineage(
+            origin=PromptOrigin.EXTENDS if shared == len(full) else PromptOrigin.REWRITTEN,
+            base_seq=base.seq,
+            base_attempt=base.attempt,
+            shared_tokens=shared,
+            base_tokens=len(full),
+        )
+    best: tuple[int, PastCall] | None = None
+    for call in transcript.calls:
+        shared = _common_prefix(prompt, call.prompt_ids + call.output_ids)
+        if shared and (best is None or shared >= best[0]):
+            best = (shared, call)
+    if best is None:
+        return PromptLineage(origin=PromptOrigin.FRESH)
+    shared, call = best
+    return PromptLineage(
+        origin=PromptOrigin.DIVERGED,
+        base_seq=call.seq,
+        base_attempt=call.attempt,
+        shared_tokens=shared,
+        base_tokens=call.tokens,
+    )
+
+
+# ---------------------------------------------------------------- planning a prompt
+
+
+@dataclass(frozen=True, slots=True)
+class PromptPlan:
+    ids: tuple[int, ...]
+    lineage: PromptLineage
+    tail_text: str
+    """The text rendered for this call (all of it, or what follows the spliced
+    turn); its end is the generation prompt."""
+
+
+def plan_prompt(
+    template: ChatTemplate,
+    messages: Sequence[Message],
+    tools: Sequence[ToolSpec],
+    transcript: Transcript,
+    *,
+    kwargs: JsonObject,
+) -> PromptPlan:
+    base = extended_call(messages, transcript)
+    if base is None:
+        ids, text = template.render(messages, tools, kwargs=kwargs)
+        return PromptPlan(
+            ids=tuple(ids), lineage=lineage_of(ids, messages, transcript), tail_text=text
+        )
+    glue: tuple[int, ...] = ()
+    if not base.output_ids or base.output_ids[-1] != template.end_of_turn_id:
+        # The turn was cut short (length limit): close it as the template would.
+        glue = (template.end_of_turn_id,)
+    tail, text = template.continuation(messages, tools, len(base.messages), kwargs=kwargs)
+    full = base.prompt_ids + base.output_ids
+    return PromptPlan(
+        ids=full + glue + tuple(tail),
+        lineage=PromptLineage(
+            origin=PromptOrigin.EXTENDS,
+            base_seq=base.seq,
+            base_attempt=base.attempt,
+            shared_tokens=len(full),
+            base_tokens=len(full),
+            spliced=True,
+        ),
+        tail_text=text,
+    )

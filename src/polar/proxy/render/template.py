@@ -1,0 +1,190 @@
+"""The model's chat template, applied by the gateway.
+
+Messages are handed to the template the way vLLM hands them (text parts joined
+with newlines, assistant tool-call arguments parsed to objects, reasoning as
+``reasoning_content``, tools as ``{"type", "function": {"name",
+"description", "parameters"}}``), so the gateway renders what vLLM's own chat
+route would render for the same request.
+
+:meth:`ChatTemplate.continuation` renders only what the template emits *after*
+a given assistant turn: the splice needs that, and rendering only the new
+messages keeps a call's cost proportional to what is new in it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, assert_never
+
+from polar.ir import (
+    ImagePart,
+    JsonObject,
+    Message,
+    ReasoningPart,
+    Role,
+    TextPart,
+    ToolCall,
+    ToolSpec,
+)
+from polar.proxy.errors import UnsupportedContent
+from polar.proxy.render.tokens import TokenText
+
+# A string no harness sends: it stands in for the assistant turn whose raw
+# tokens are spliced, so the template's text after that turn can be cut out.
+_MARKER = "\x00polar-splice-marker\x00"
+
+
+def template_message(message: Message) -> dict[str, Any]:
+    role = Role.SYSTEM if message.role is Role.DEVELOPER else message.role
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    reasoning: list[str] = []
+    for part in message.parts:
+        match part:
+            case TextPart(text=text):
+                texts.append(text)
+            case ReasoningPart(text=text):
+                reasoning.append(text)
+            case ToolCall(id=call_id, name=name, arguments=arguments):
+                calls.append(
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": _arguments(arguments)},
+                    }
+                )
+            case ImagePart():
+                raise UnsupportedContent(
+                    "image content cannot be rendered by the gateway's chat template "
+                    "(text-only model); use engine-rendered capture for multimodal models"
+                )
+            case _:
+                assert_never(part)
+    out: dict[str, Any] = {"role": role.value, "content": "\n".join(texts)}
+    if calls:
+        out["tool_calls"] = calls
+    if reasoning:
+        out["reasoning_content"] = "\n".join(reasoning)
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def _arguments(arguments: str) -> Any:
+    """Arguments as an object when they are one (how vLLM hands them to templates)."""
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+    return parsed if isinstance(parsed, dict) else arguments
+
+
+def template_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]] | None:
+    if not tools:
+        return None
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description,
+                "parameters": dict(t.parameters),
+            },
+        }
+        for t in tools
+    ]
+
+
+class ChatTemplate:
+    """Renders IR conversations to token ids with a Hugging Face tokenizer's template."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        template_kwargs: JsonObject | None = None,
+        end_of_turn: str | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.text = TokenText(tokenizer)
+        self.kwargs = dict(template_kwargs or {})
+        eot = end_of_turn or tokenizer.eos_token
+        if not eot:
+            raise ValueError("the tokenizer has no eos token; give end_of_turn explicitly")
+        self.end_of_turn = str(eot)
+        ids = self.text.encode(self.end_of_turn)
+        if len(ids) != 1:
+            raise ValueError(f"end of turn {self.end_of_turn!r} is not a single token: {ids}")
+        self.end_of_turn_id = ids[0]
+
+    def render_text(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        kwargs: JsonObject,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        return str(
+            self.tokenizer.apply_chat_template(
+                list(messages),
+                tools=tools,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **{**self.kwargs, **kwargs},
+            )
+        )
+
+    def render(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec], *, kwargs: JsonObject
+    ) -> tuple[list[int], str]:
+        """The whole prompt (with generation prompt): ids, and the text they encode."""
+        text = self.render_text(
+            [template_message(m) for m in messages], template_tools(tools), kwargs=kwargs
+        )
+        return self.text.encode(text), text
+
+    def continuation(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        after: int,
+        *,
+        kwargs: JsonObject,
+        incremental: bool = True,
+    ) -> tuple[list[int], str]:
+        """What the template emits after assistant message ``after``, up to and
+        including the generation prompt: ids, and their text.
+
+        Starts right after that turn's end-of-turn token (a special token, so
+        the text tokenizes the same on its own as within the whole prompt).
+        ``incremental`` renders only the marker turn and the messages after it;
+        that is exact unless the template looks further back, which for the
+        templates seen so far only happens for later assistant turns (reasoning
+        kept or dropped relative to the last user query), so those fall back
+        to rendering everything.
+        """
+        tail = list(messages[after + 1 :])
+        marker = {"role": "assistant", "content": _MARKER}
+        rendered_tools = template_tools(tools)
+        text = None
+        if incremental and not any(m.role is Role.ASSISTANT for m in tail):
+            try:
+                text = self.render_text(
+                    [marker, *(template_message(m) for m in tail)], rendered_tools, kwargs=kwargs
+                )
+            except Exception:  # a template that insists on a user turn first, say
+                text = None
+        if text is None:
+            converted = [template_message(m) for m in messages]
+            converted[after] = marker
+            text = self.render_text(converted, rendered_tools, kwargs=kwargs)
+        start = text.index(_MARKER)
+        end = text.find(self.end_of_turn, start)
+        if end < 0:
+            raise ValueError("the chat template does not end assistant turns with its eos token")
+        rest = text[end + len(self.end_of_turn) :]
+        return self.text.encode(rest), rest
