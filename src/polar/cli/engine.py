@@ -9,8 +9,53 @@ import typer
 
 from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.cli.errors import configure_logging, fail
+from polar.cli.model import DEFAULT_MODEL_DIR
 
 app = typer.Typer(help="Run an inference server.", no_args_is_help=True, rich_markup_mode=None)
+
+
+@app.command("serve")
+def serve(
+    model: Annotated[
+        Path, typer.Option(help="Hugging Face model directory (polar model init builds one).")
+    ] = DEFAULT_MODEL_DIR,
+    served_name: Annotated[str, typer.Option(help="Model name clients use.")] = "tiny",
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8011,
+    max_batch: Annotated[int, typer.Option(help="Most requests generated together.")] = 8,
+    threads: Annotated[int, typer.Option(help="Torch threads (0: torch's default).")] = 0,
+    logprobs_mode: Annotated[
+        str,
+        typer.Option(help="raw: logprobs before temperature/top-p (like vLLM); processed: after."),
+    ] = "raw",
+) -> None:
+    """Serve a causal LM on the CPU with vLLM's token-in completions API (the embedded engine)."""
+    import uvicorn
+
+    from polar.proxy.engines.embedded import ModelRunner, create_engine_app
+
+    if logprobs_mode not in ("raw", "processed"):
+        fail("engine serve", "--logprobs-mode must be raw or processed")
+    if not (model / "config.json").exists():
+        fail(
+            "engine serve", f"no model in {model} (build one with: polar model init --out {model})"
+        )
+    configure_logging("info")
+    runner = ModelRunner(
+        model,
+        max_batch=max_batch,
+        threads=threads or None,
+        logprobs_mode="raw" if logprobs_mode == "raw" else "processed",
+    )
+    try:
+        uvicorn.run(
+            create_engine_app(runner, served_name=served_name),
+            host=host,
+            port=port,
+            log_level="warning",
+        )
+    finally:
+        runner.close()
 
 
 @app.command("scripted")

@@ -1,0 +1,258 @@
+"""A batched CPU generator for Hugging Face causal LMs (``transformers`` + torch).
+
+One worker thread owns the model. Requests that wait while a batch runs form
+the next batch (up to ``max_batch``): prompts are left-padded, prefilled
+together with one KV cache, then decoded step by step; each finished or
+cancelled sequence stops reporting while the rest continue. Torch releases the
+GIL in its kernels, so the server's event loop keeps serving meanwhile.
+
+Logprobs are those of the model's distribution before sampling transforms
+(temperature, top-k/p), as vLLM reports them by default
+(``logprobs_mode="raw"``); ``"processed"`` reports those of the distribution
+actually sampled from.
+
+:meth:`ModelRunner.load_weights` swaps in new weights between batches, for a
+trainer that updates the policy in place.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no limit
+    min_p: float = 0.0
+    seed: int | None = None
+    stop_token_ids: frozenset[int] = frozenset()
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One sampled token, or the end of a sequence (``finish`` set)."""
+
+    token_id: int | None
+    logprob: float | None
+    finish: Literal["stop", "length", "abort"] | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class Job:
+    prompt: list[int]
+    params: SamplingParams
+    emit: Callable[[Step], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    produced: int = 0
+    done: bool = False
+    generator: torch.Generator | None = None
+
+
+def sample(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    *,
+    mode: Literal["raw", "processed"] = "raw",
+) -> tuple[int, float]:
+    """Pick a token from one row of logits; return it and its logprob."""
+    logits = logits.float()
+    if params.logit_bias:
+        logits = logits.clone()
+        for token, bias in params.logit_bias:
+            logits[token] += bias
+    raw = torch.log_softmax(logits, dim=-1)
+    if params.temperature <= 0:
+        token = int(torch.argmax(logits))
+        return token, float(raw[token])
+    scaled = logits / params.temperature
+    if params.top_k > 0 and params.top_k < scaled.numel():
+        kth = torch.topk(scaled, params.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if params.min_p > 0:
+        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+    if params.top_p < 1.0:
+        ordered, index = torch.sort(probs, descending=True)
+        keep = torch.cumsum(ordered, dim=-1) - ordered < params.top_p
+        mask = torch.zeros_like(probs, dtype=torch.bool)
+        mask[index[keep]] = True
+        probs = probs.masked_fill(~mask, 0.0)
+    probs = probs / probs.sum()
+    token = int(torch.multinomial(probs, 1, generator=generator))
+    if mode == "processed":
+        return token, float(torch.log(probs[token]))
+    return token, float(raw[token])
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        max_batch: int = 8,
+        threads: int | None = None,
+        logprobs_mode: Literal["raw", "processed"] = "raw",
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.model_dir = model_dir
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.model.train(False)  # inference mode: no dropout
+        config = self.model.config
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = config.eos_token_id
+        self.eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.vocab_size = int(config.vocab_size)
+        self.max_model_len = int(getattr(config, "max_position_embeddings", 32768))
+        self.pad_id = int(config.pad_token_id if config.pad_token_id is not None else 0)
+        self.max_batch = max_batch
+        self.logprobs_mode = logprobs_mode
+        self.weights_version = 0
+        self.weights_source = str(model_dir)
+        self._waiting: deque[Job] = deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._weights_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="polar-engine", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- API
+
+    def submit(self, job: Job) -> None:
+        if job.params.seed is not None:
+            job.generator = torch.Generator().manual_seed(job.params.seed)
+        with self._cv:
+            self._waiting.append(job)
+            self._cv.notify()
+
+    def close(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        self._thread.join(timeout=30)
+
+    def load_weights(self, source: Path | dict[str, torch.Tensor]) -> int:
+        """Replace the weights (a model directory, a ``.safetensors`` file, or a
+        state dict); takes effect from the next batch. Returns the new version."""
+        if isinstance(source, dict):
+            state = source
+            label = "state dict"
+        else:
+            from safetensors.torch import load_file
+
+            files = [source] if source.is_file() else sorted(source.glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(f"no .safetensors weights in {source}")
+            state = {}
+            for file in files:
+                state.update(load_file(str(file)))
+            label = str(source)
+        with self._weights_lock:
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+            if unexpected or set(missing) - tied:
+                raise ValueError(
+                    f"weights do not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
+                    f"unexpected {sorted(unexpected)[:5]}"
+                )
+            self.weights_version += 1
+            self.weights_source = label
+        return self.weights_version
+
+    # ---------------------------------------------------------------- worker
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._waiting and not self._stopping:
+                    self._cv.wait()
+                if self._stopping:
+                    for job in self._waiting:
+                        job.emit(Step(None, None, finish="abort", error="engine shutting down"))
+                    return
+                batch = [
+                    self._waiting.popleft() for _ in range(min(self.max_batch, len(self._waiting)))
+                ]
+            try:
+                with self._weights_lock, torch.inference_mode():
+                    self._run(batch)
+            except Exception as exc:  # report to every caller; keep serving
+                for job in batch:
+                    if not job.done:
+                        job.done = True
+                        job.emit(
+                            Step(None, None, finish="abort", error=f"{type(exc).__name__}: {exc}")
+                        )
+
+    def _run(self, batch: list[Job]) -> None:
+        width = max(len(job.prompt) for job in batch)
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, job in enumerate(batch):
+            ids[row, width - len(job.prompt) :] = torch.tensor(job.prompt, dtype=torch.long)
+            mask[row, width - len(job.prompt) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        cache = out.past_key_values
+        logits = out.logits[:, -1, :]
+        last = positions[:, -1]
+        while True:
+            next_ids = torch.full((len(batch), 1), self.pad_id, dtype=torch.long)
+            for row, job in enumerate(batch):
+                if job.done:
+                    continue
+                if job.cancelled.is_set():
+                    job.done = True
+                    job.emit(Step(None, None, finish="abort"))
+                    continue
+                token, logprob = sample(
+                    logits[row], job.params, job.generator, mode=self.logprobs_mode
+                )
+                job.produced += 1
+                next_ids[row, 0] = token
+                finish: Literal["stop", "length"] | None = None
+                if token in job.params.stop_token_ids or token in self.eos_ids:
+                    finish = "stop"
+                elif job.produced >= job.params.max_tokens:
+                    finish = "length"
+                job.done = finish is not None
+                job.emit(Step(token, logprob, finish=finish))
+            if all(job.done for job in batch):
+                return
+            mask = torch.cat([mask, torch.ones((len(batch), 1), dtype=torch.long)], dim=1)
+            last = last + 1
+            out = self.model(
+                input_ids=next_ids,
+                attention_mask=mask,
+                position_ids=last.unsqueeze(1),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = out.past_key_values
+            logits = out.logits[:, -1, :]
+
+
+def describe(runner: ModelRunner) -> dict[str, Any]:
+    return {
+        "model_dir": str(runner.model_dir),
+        "weights_version": runner.weights_version,
+        "weights_source": runner.weights_source,
+        "max_batch": runner.max_batch,
+        "max_model_len": runner.max_model_len,
+    }

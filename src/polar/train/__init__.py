@@ -1,0 +1,1 @@
+"""Training: the format warm-up for the tiny model (GRPO and trainer bridges come later)."""
