@@ -43,12 +43,18 @@ class TokenLogprob:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallDelta:
-    """A piece of a streamed tool call. ``id``/``name`` come once, with the first piece."""
+    """A piece of a streamed tool call. ``id``/``name`` come once, with the first piece.
+
+    ``discard`` withdraws call ``index`` (it turned out malformed after it began
+    streaming; its text follows as message text). Wire formats that cannot
+    withdraw a streamed call ignore it; the recorded message honours it.
+    """
 
     index: int
     id: str | None = None
     name: str | None = None
     arguments: str = ""
+    discard: bool = False
 
 
 @dataclass(frozen=True, slots=True)

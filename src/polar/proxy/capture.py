@@ -141,19 +141,19 @@ class GatewayRendered:
         yield PromptTokens(prompt_ids)
         text = self.template.text
         stream = text.stream()
-        calls = False
+        calls: set[int] = set()  # tool calls made (and not withdrawn as malformed)
         async with contextlib.aclosing(events):
             async for event in events:
                 if isinstance(event, Delta):
                     # Stop tokens end the turn; their text is not part of the message.
                     visible = [i for i in event.token_ids if i not in self._stops]
                     piece = parser.feed(stream.feed(visible))
-                    calls = calls or bool(piece.tool_calls)
+                    _track(calls, piece)
                     yield self._delta(event, piece)
                 elif isinstance(event, Finish):
                     piece = parser.feed(stream.flush())
                     piece.extend(parser.finish())
-                    calls = calls or bool(piece.tool_calls)
+                    _track(calls, piece)
                     if piece.text or piece.reasoning or piece.tool_calls:
                         yield Delta(
                             text=piece.text,
@@ -191,3 +191,11 @@ class GatewayRendered:
 
     async def aclose(self) -> None:
         await self.engine.aclose()
+
+
+def _track(calls: set[int], piece: Piece) -> None:
+    for delta in piece.tool_calls:
+        if delta.discard:
+            calls.discard(delta.index)
+        else:
+            calls.add(delta.index)

@@ -87,6 +87,9 @@ class Accumulator:
         if delta.reasoning:
             self._reasoning.append(delta.reasoning)
         for piece in delta.tool_calls:
+            if piece.discard:
+                self._calls.pop(piece.index, None)
+                continue
             parts = self._calls.setdefault(piece.index, _ToolCallParts())
             if piece.id:
                 parts.id = piece.id

@@ -188,3 +188,87 @@ def test_real_tool_call_streams_through_the_gateway(gateway: Any, vllm: VllmProc
     assert record.message is not None
     assert record.message.tool_calls[0].name == "bash"
     assert len(record.output_ids) == len(record.output_logprobs) > 10
+
+
+def _token_gateway(root: Path, kind: str, url: str, tokenizer_dir: Path) -> Any:
+    config = GatewayConfig.model_validate(
+        {
+            "admin_token": ADMIN_TOKEN,
+            "capture": "token_in_token_out",
+            "engine": {"kind": kind, "base_url": url, "model": "tiny"},
+            "render": {"tokenizer": str(tokenizer_dir)},
+            "store": {"path": str(root / f"{kind}.db")},
+        }
+    )
+    return ServerThread(create_app(Gateway(config)))
+
+
+def test_token_mode_records_the_same_prompts_on_vllm_and_the_embedded_engine(
+    vllm: VllmProcess, tmp_path: Path
+) -> None:
+    """Same messages, two engines: identical prompt ids, each equal to vLLM's own
+    chat-template tokenization; vLLM's sampled tokens score the same under the
+    embedded engine's forward pass (same weights)."""
+    import torch
+
+    from polar.proxy.engines.embedded import ModelRunner, create_engine_app
+
+    runner = ModelRunner(vllm.model_dir, max_batch=2)
+    turns = [
+        HISTORY[:2],
+        HISTORY,
+        [
+            *HISTORY,
+            {"role": "assistant", "content": "Two files."},
+            {"role": "user", "content": "Thanks."},
+        ],
+    ]
+    prompts: dict[str, list[list[int]]] = {}
+    try:
+        with ServerThread(create_engine_app(runner, served_name="tiny")) as embedded:
+            for kind, url in (("embedded", embedded.url), ("vllm", vllm.url)):
+                with _token_gateway(tmp_path, kind, url, vllm.model_dir) as server:
+                    key, sid = _session(server.url)
+                    for messages in turns:
+                        body = {
+                            "model": "m",
+                            "messages": messages,
+                            "tools": [BASH_TOOL],
+                            "max_tokens": 6,
+                            "temperature": 0,
+                            "stream": kind == "vllm",
+                        }
+                        assert _call(server.url, key, body).status_code == 200
+                    records = SqliteStore(tmp_path / f"{kind}.db").records(sid)
+                    assert [r.status for r in records] == [RecordStatus.COMPLETED] * 3
+                    assert all(len(r.output_ids) == len(r.output_logprobs) == 6 for r in records)
+                    prompts[kind] = [list(r.prompt_ids) for r in records]
+                    if kind == "vllm":
+                        vllm_records = records
+        assert prompts["embedded"] == prompts["vllm"]
+        for messages, ids in zip(turns, prompts["vllm"], strict=True):
+            # vLLM's chat route reads earlier reasoning from "reasoning" (what the
+            # gateway sends it in engine-rendered mode), not "reasoning_content".
+            as_vllm_reads = [
+                {("reasoning" if k == "reasoning_content" else k): v for k, v in m.items()}
+                for m in messages
+            ]
+            tokenized = httpx.post(
+                f"{vllm.url}/tokenize",
+                json={
+                    "model": "tiny",
+                    "messages": as_vllm_reads,
+                    "tools": [BASH_TOOL],
+                    "add_generation_prompt": True,
+                },
+            ).json()
+            assert ids == tokenized["tokens"]
+        for record in vllm_records:
+            prompt, output = list(record.prompt_ids), list(record.output_ids)
+            with torch.inference_mode():
+                logits = runner.model(input_ids=torch.tensor([prompt + output])).logits[0]
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            ours = [float(logprobs[len(prompt) - 1 + i, t]) for i, t in enumerate(output)]
+            assert list(record.output_logprobs) == pytest.approx(ours, abs=2e-3)
+    finally:
+        runner.close()

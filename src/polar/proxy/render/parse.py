@@ -424,6 +424,8 @@ class OutputParser:
         opt = self._opt
         raw = opt.tool_start + body.text + (opt.tool_end if complete else "")
         self.malformed.append(MalformedToolCall(raw=raw, reason=problem))
+        if body.announced:
+            piece.tool_calls.append(ToolCallDelta(index=body.index, discard=True))
         # Returned as text: the client sees exactly what the model wrote.
         piece.text += raw
 

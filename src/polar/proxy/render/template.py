@@ -119,6 +119,9 @@ class ChatTemplate:
         if len(ids) != 1:
             raise ValueError(f"end of turn {self.end_of_turn!r} is not a single token: {ids}")
         self.end_of_turn_id = ids[0]
+        # Whether the text after an assistant turn ever depends on the tools: found
+        # out on the first continuation rendered with tools, then relied on.
+        self._tools_affect_continuation: bool | None = None
 
     def render_text(
         self,
@@ -170,21 +173,32 @@ class ChatTemplate:
         tail = list(messages[after + 1 :])
         marker = {"role": "assistant", "content": _MARKER}
         rendered_tools = template_tools(tools)
-        text = None
+        rest = None
         if incremental and not any(m.role is Role.ASSISTANT for m in tail):
+            reduced = [marker, *(template_message(m) for m in tail)]
             try:
-                text = self.render_text(
-                    [marker, *(template_message(m) for m in tail)], rendered_tools, kwargs=kwargs
-                )
+                if rendered_tools and self._tools_affect_continuation is None:
+                    with_tools = self._after_marker(
+                        self.render_text(reduced, rendered_tools, kwargs=kwargs)
+                    )
+                    without = self._after_marker(self.render_text(reduced, None, kwargs=kwargs))
+                    self._tools_affect_continuation = with_tools != without
+                    rest = with_tools
+                else:
+                    # Tools render before the marker (in a system header): skip them.
+                    use = rendered_tools if self._tools_affect_continuation else None
+                    rest = self._after_marker(self.render_text(reduced, use, kwargs=kwargs))
             except Exception:  # a template that insists on a user turn first, say
-                text = None
-        if text is None:
+                rest = None
+        if rest is None:
             converted = [template_message(m) for m in messages]
             converted[after] = marker
-            text = self.render_text(converted, rendered_tools, kwargs=kwargs)
+            rest = self._after_marker(self.render_text(converted, rendered_tools, kwargs=kwargs))
+        return self.text.encode(rest), rest
+
+    def _after_marker(self, text: str) -> str:
         start = text.index(_MARKER)
         end = text.find(self.end_of_turn, start)
         if end < 0:
             raise ValueError("the chat template does not end assistant turns with its eos token")
-        rest = text[end + len(self.end_of_turn) :]
-        return self.text.encode(rest), rest
+        return text[end + len(self.end_of_turn) :]

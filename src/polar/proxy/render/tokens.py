@@ -63,6 +63,9 @@ class TokenText:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with special tokens recognised and none added."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # the Rust tokenizer directly: same ids, less overhead
+            return list(backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def stream(self) -> TextStream:

@@ -76,9 +76,10 @@ class ChunkEncoder:
             wire[self._reasoning_field] = event.reasoning
         if event.text:
             wire["content"] = event.text
-        if event.tool_calls:
+        pieces = [p for p in event.tool_calls if not p.discard]  # cannot withdraw a call here
+        if pieces:
             calls = []
-            for piece in event.tool_calls:
+            for piece in pieces:
                 call: dict[str, Any] = {"index": piece.index}
                 function: dict[str, str] = {}
                 if piece.index not in self._announced:

@@ -135,10 +135,15 @@ class ModelRunner:
     # ---------------------------------------------------------------- API
 
     def submit(self, job: Job) -> None:
-        if job.params.seed is not None:
-            job.generator = torch.Generator().manual_seed(job.params.seed)
+        self.submit_many([job])
+
+    def submit_many(self, jobs: list[Job]) -> None:
+        """Queue jobs at once, so they start in the same batch when it has room."""
+        for job in jobs:
+            if job.params.seed is not None:
+                job.generator = torch.Generator().manual_seed(job.params.seed)
         with self._cv:
-            self._waiting.append(job)
+            self._waiting.extend(jobs)
             self._cv.notify()
 
     def close(self) -> None:

@@ -1,0 +1,259 @@
+"""The embedded CPU engine: sampling, batching, logprobs, its HTTP API, weight swaps.
+
+A real (tiny, randomly initialised) Qwen3-architecture model on torch; logprobs
+are checked against a teacher-forced forward pass of the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from polar.proxy.engines.embedded import (
+    Job,
+    ModelRunner,
+    SamplingParams,
+    Step,
+    create_engine_app,
+    sample,
+)
+from polar.serverthread import ServerThread
+from polar.tinymodel import TinyModelSpec, build_tiny_model
+
+PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def runner(model_dir: Path) -> Iterator[ModelRunner]:
+    running = ModelRunner(model_dir, max_batch=4)
+    yield running
+    running.close()
+
+
+@pytest.fixture(scope="module")
+def engine(runner: ModelRunner) -> Iterator[str]:
+    with ServerThread(create_engine_app(runner, served_name="tiny")) as server:
+        yield server.url
+
+
+def generate(runner: ModelRunner, prompt: list[int], params: SamplingParams) -> list[Step]:
+    steps: list[Step] = []
+    done = threading.Event()
+
+    def emit(step: Step) -> None:
+        steps.append(step)
+        if step.finish is not None:
+            done.set()
+
+    runner.submit(Job(prompt=prompt, params=params, emit=emit))
+    assert done.wait(60)
+    return steps
+
+
+def teacher_forced(runner: ModelRunner, prompt: list[int], output: list[int]) -> list[float]:
+    with torch.inference_mode():
+        logits = runner.model(input_ids=torch.tensor([prompt + output])).logits[0]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+    start = len(prompt) - 1
+    return [float(logprobs[start + i, token]) for i, token in enumerate(output)]
+
+
+def test_sampling_rules() -> None:
+    logits = torch.tensor([0.1, 2.0, 1.9, -1.0])
+    greedy = SamplingParams(temperature=0)
+    assert sample(logits, greedy, None)[0] == 1
+    assert sample(logits, SamplingParams(top_k=1), torch.Generator().manual_seed(0))[0] == 1
+    biased = SamplingParams(temperature=0, logit_bias=((3, 10.0),))
+    token, logprob = sample(logits, biased, None)
+    assert token == 3
+    assert logprob == pytest.approx(
+        float(torch.log_softmax(logits + torch.tensor([0, 0, 0, 10.0]), -1)[3])
+    )
+    seeded = [
+        sample(logits, SamplingParams(seed=7), torch.Generator().manual_seed(7))[0]
+        for _ in range(3)
+    ]
+    assert len(set(seeded)) == 1
+    raw = sample(logits, SamplingParams(temperature=0.5, top_k=2), torch.Generator().manual_seed(1))
+    processed = sample(
+        logits,
+        SamplingParams(temperature=0.5, top_k=2),
+        torch.Generator().manual_seed(1),
+        mode="processed",
+    )
+    assert raw[0] == processed[0] and raw[1] < processed[1]
+
+
+def test_logprobs_are_the_models_own(runner: ModelRunner) -> None:
+    steps = generate(runner, PROMPT, SamplingParams(max_tokens=12, seed=3))
+    ids = [s.token_id for s in steps if s.token_id is not None]
+    got = [s.logprob for s in steps if s.logprob is not None]
+    assert len(ids) == len(got) == 12 and steps[-1].finish == "length"
+    assert got == pytest.approx(teacher_forced(runner, PROMPT, ids), abs=1e-4)  # type: ignore[arg-type]
+
+
+def test_concurrent_requests_batch_and_match_single_runs(runner: ModelRunner) -> None:
+    prompts = [
+        PROMPT,
+        PROMPT[:4],
+        [151644, 8948, 198, 2610, 525, 264, 10950, 17847, 13, 151645, 198, *PROMPT],
+    ]
+    params = SamplingParams(max_tokens=6, temperature=0)
+    alone = [[s.token_id for s in generate(runner, p, params)] for p in prompts]
+    together: list[list[Step]] = [[] for _ in prompts]
+    done = [threading.Event() for _ in prompts]
+
+    def emitter(i: int) -> Any:
+        def emit(step: Step) -> None:
+            together[i].append(step)
+            if step.finish is not None:
+                done[i].set()
+
+        return emit
+
+    # Submitted together: one batch of three prompts of different lengths (left-padded).
+    runner.submit_many(
+        [Job(prompt=p, params=params, emit=emitter(i)) for i, p in enumerate(prompts)]
+    )
+    assert all(event.wait(60) for event in done)
+    assert [[s.token_id for s in steps] for steps in together] == alone
+
+
+def test_stop_tokens_end_generation(runner: ModelRunner) -> None:
+    stop = 1234
+    steps = generate(
+        runner,
+        PROMPT,
+        SamplingParams(max_tokens=20, logit_bias=((stop, 50.0),), stop_token_ids=frozenset({stop})),
+    )
+    assert [s.token_id for s in steps] == [stop]
+    assert steps[0].finish == "stop"
+
+
+def test_completions_api_speaks_vllms_token_in_format(engine: str, runner: ModelRunner) -> None:
+    body = {
+        "model": "tiny",
+        "prompt": PROMPT,
+        "max_tokens": 5,
+        "seed": 11,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
+    reply = httpx.post(f"{engine}/v1/completions", json=body, timeout=60).json()
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 5
+    assert choice["prompt_token_ids"] == PROMPT
+    assert reply["usage"] == {
+        "prompt_tokens": len(PROMPT),
+        "total_tokens": len(PROMPT) + 5,
+        "completion_tokens": 5,
+    }
+    with httpx.stream(
+        "POST",
+        f"{engine}/v1/completions",
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+    ) as response:
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    streamed = [i for c in chunks for ch in c["choices"] for i in ch["token_ids"]]
+    assert streamed == choice["token_ids"], "same seed, same tokens"
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == PROMPT
+    assert chunks[-1]["usage"]["completion_tokens"] == 5
+    lps = [x for c in chunks for ch in c["choices"] for x in ch["logprobs"]["token_logprobs"]]
+    assert lps == choice["logprobs"]["token_logprobs"]
+
+
+@pytest.mark.parametrize(
+    ("patch", "status", "needle"),
+    [
+        ({"model": "other"}, 404, "does not exist"),
+        ({"prompt": []}, 400, "prompt"),
+        ({"prompt": [999999999]}, 400, "token ids must be in"),
+        ({"max_tokens": 40000}, 400, "maximum context length"),
+        ({"n": 2}, 400, "does not support: n"),
+        ({"stop": ["\n"]}, 400, "stop (use stop_token_ids)"),
+        ({"temperature": -1}, 400, "temperature"),
+    ],
+)
+def test_bad_completion_requests_are_refused(
+    engine: str, patch: dict[str, Any], status: int, needle: str
+) -> None:
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, **patch}
+    reply = httpx.post(f"{engine}/v1/completions", json=body, timeout=30)
+    assert reply.status_code == status
+    assert needle in reply.json()["error"]["message"]
+
+
+def test_new_weights_load_in_place(tmp_path: Path, model_dir: Path) -> None:
+    other = build_tiny_model(tmp_path / "other", TinyModelSpec(seed=1))
+    runner = ModelRunner(model_dir, max_batch=2)
+    try:
+        with ServerThread(create_engine_app(runner, served_name="tiny")) as server:
+            body = {
+                "model": "tiny",
+                "prompt": PROMPT,
+                "max_tokens": 6,
+                "temperature": 0,
+                "logprobs": 0,
+            }
+            before = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
+            assert httpx.get(f"{server.url}/weights").json()["weights_version"] == 0
+            loaded = httpx.post(f"{server.url}/weights", json={"path": str(other)}, timeout=60)
+            assert loaded.json()["weights_version"] == 1
+            after = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
+            assert before["choices"][0]["token_ids"] != after["choices"][0]["token_ids"]
+            bad = httpx.post(f"{server.url}/weights", json={"path": str(tmp_path / "nowhere")})
+            assert bad.status_code == 400 and "no .safetensors" in bad.json()["error"]["message"]
+            assert httpx.get(f"{server.url}/weights").json()["weights_version"] == 1
+    finally:
+        runner.close()
+
+
+def test_gateway_records_what_the_embedded_engine_sampled(
+    engine: str, runner: ModelRunner, tmp_path: Path, model_dir: Path
+) -> None:
+    from openai import OpenAI
+
+    from polar.proxy.app import create_app
+    from polar.proxy.config import GatewayConfig
+    from polar.proxy.gateway import Gateway
+    from polar.proxy.store import SqliteStore
+
+    config = GatewayConfig.model_validate(
+        {
+            "admin_token": "0123456789abcdef0123",
+            "capture": "token_in_token_out",
+            "engine": {"kind": "embedded", "base_url": engine, "model": "tiny"},
+            "render": {"tokenizer": str(model_dir)},
+            "store": {"path": str(tmp_path / "r.db")},
+        }
+    )
+    with ServerThread(create_app(Gateway(config))) as gateway:
+        created = httpx.post(
+            f"{gateway.url}/admin/sessions",
+            headers={"authorization": "Bearer 0123456789abcdef0123"},
+            json={},
+        ).json()
+        client = OpenAI(base_url=f"{gateway.url}/v1", api_key=created["api_key"], max_retries=0)
+        reply = client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=7, stream=True
+        )
+        list(reply)
+    (record,) = SqliteStore(tmp_path / "r.db").records(created["session_id"])
+    assert record.engine == "embedded" and len(record.output_ids) == 7
+    assert list(record.output_logprobs) == pytest.approx(
+        teacher_forced(runner, list(record.prompt_ids), list(record.output_ids)), abs=1e-4
+    )
