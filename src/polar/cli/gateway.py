@@ -65,6 +65,17 @@ def gateway(
         int | None,
         typer.Option(help="Attempts per call on transient engine failures (default: 3)."),
     ] = None,
+    render_tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            help="Token-in/token-out: tokenizer directory with the model's chat template "
+            "(default: the bundled Qwen3 tokenizer)."
+        ),
+    ] = None,
+    render_tool_format: Annotated[
+        str | None,
+        typer.Option(help="Token-in/token-out: hermes or qwen3_coder (default: hermes)."),
+    ] = None,
     store: Annotated[
         Path | None,
         typer.Option(help="SQLite record store (default: runs/gateway/records.db)."),
@@ -109,6 +120,8 @@ def gateway(
         engine__api_key=engine_api_key,
         engine__read_timeout_s=engine_read_timeout_s,
         engine__max_attempts=engine_max_attempts,
+        render__tokenizer=str(render_tokenizer) if render_tokenizer else None,
+        render__tool_format=render_tool_format,
         store__path=str(store) if store else None,
         store__synchronous=store_synchronous,
         limits__max_body_bytes=max_body_bytes,

@@ -1,0 +1,79 @@
+"""``polar model init`` and ``polar engine serve`` as a user runs them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from polar.proxy.engines.vllm_process import free_port
+
+
+def polar(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "polar", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_model_init_builds_once_then_keeps(tmp_path: Path) -> None:
+    out = tmp_path / "tiny"
+    first = polar("model", "init", "--out", str(out))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == f"built {out}"
+    assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+    again = polar("model", "init", "--out", str(out))
+    assert again.stdout.strip() == f"kept {out}"
+
+
+def test_engine_serve_without_a_model_is_a_one_line_error(tmp_path: Path) -> None:
+    result = polar("engine", "serve", "--model", str(tmp_path / "nothing"))
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("polar engine serve: error: no model in")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_engine_serve_serves_completions(tmp_path: Path) -> None:
+    out = tmp_path / "tiny"
+    assert polar("model", "init", "--out", str(out)).returncode == 0
+    port = free_port()
+    command = [
+        sys.executable, "-m", "polar", "engine", "serve",
+        "--model", str(out), "--port", str(port), "--served-name", "tiny",
+    ]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.2)
+            reply = httpx.post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                json={"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 3, "logprobs": 0},
+                timeout=60,
+            ).json()
+            assert len(reply["choices"][0]["token_ids"]) == 3
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+def test_token_mode_with_a_bad_tokenizer_is_a_one_line_error(tmp_path: Path) -> None:
+    result = polar(
+        "gateway",
+        "--admin-token", "0123456789abcdef0123",
+        "--capture", "token_in_token_out",
+        "--engine-kind", "embedded",
+        "--engine-url", "http://127.0.0.1:9",
+        "--engine-model", "tiny",
+        "--store", str(tmp_path / "r.db"),
+        "--render-tokenizer", str(tmp_path / "no-tokenizer"),
+    )  # fmt: skip
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("polar gateway: error: render.tokenizer: cannot load a tokenizer")
