@@ -56,18 +56,18 @@ class Expect:
     last_text_contains: str | None = None
     messages: int | None = None
     tools_include: tuple[str, ...] = ()
+    system_contains: str | None = None
+    """The first message is a system (or developer) message containing this text."""
     prompt_ids: tuple[int, ...] | None = None
     prompt_contains: str | None = None
     prompt_ends_with: str | None = None
 
+    _CHAT_ONLY = ("last_role", "last_text_contains", "messages", "tools_include", "system_contains")
+
     def problems(self, seen: ObservedRequest) -> list[str]:
         out: list[str] = []
         if seen.prompt_text is not None:
-            needs_chat = [
-                name
-                for name in ("last_role", "last_text_contains", "messages", "tools_include")
-                if getattr(self, name)
-            ]
+            needs_chat = [name for name in self._CHAT_ONLY if getattr(self, name)]
             if needs_chat:
                 return [f"expectations {needs_chat} need a chat request, got token ids"]
             text = seen.prompt_text
@@ -90,6 +90,12 @@ class Expect:
                     f"expected the last message to contain {self.last_text_contains!r}, "
                     f"got {text[:200]!r}"
                 )
+        if self.system_contains is not None:
+            first = seen.messages[0] if seen.messages else {}
+            if first.get("role") not in ("system", "developer") or (
+                self.system_contains not in _text(first)
+            ):
+                out.append(f"expected a system message containing {self.system_contains!r}")
         if self.messages is not None and len(seen.messages) != self.messages:
             out.append(f"expected {self.messages} messages, got {len(seen.messages)}")
         missing = [t for t in self.tools_include if t not in seen.tool_names]
@@ -113,16 +119,22 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
     return min(len(a), len(b))
 
 
-def _expect(data: dict[str, Any], where: str) -> Expect:
-    unknown = set(data) - {
-        "last_role",
-        "last_text_contains",
-        "messages",
-        "tools_include",
-        "prompt_ids",
-        "prompt_contains",
-        "prompt_ends_with",
-    }
+_EXPECT_FIELDS = {
+    "last_role",
+    "last_text_contains",
+    "messages",
+    "tools_include",
+    "system_contains",
+    "prompt_ids",
+    "prompt_contains",
+    "prompt_ends_with",
+}
+
+
+def _expect(data: Any, where: str) -> Expect:
+    if not isinstance(data, dict):
+        raise ScriptError(f"{where}: expected a mapping")
+    unknown = set(data) - _EXPECT_FIELDS
     if unknown:
         raise ScriptError(f"{where}: unknown fields {sorted(unknown)}")
     prompt_ids = data.get("prompt_ids")
@@ -131,6 +143,7 @@ def _expect(data: dict[str, Any], where: str) -> Expect:
         last_text_contains=data.get("last_text_contains"),
         messages=data.get("messages"),
         tools_include=tuple(data.get("tools_include") or ()),
+        system_contains=data.get("system_contains"),
         prompt_ids=tuple(prompt_ids) if prompt_ids is not None else None,
         prompt_contains=data.get("prompt_contains"),
         prompt_ends_with=data.get("prompt_ends_with"),
@@ -174,58 +187,85 @@ class Turn:
         return out + eos
 
 
+_TURN_FIELDS = {
+    "text",
+    "reasoning",
+    "tool_calls",
+    "raw",
+    "finish",
+    "max_tokens",
+    "expect",
+    "crash_after",
+}
+
+
+def _turn(raw: Any, where: str) -> Turn:
+    if not isinstance(raw, dict):
+        raise ScriptError(f"{where}: expected a mapping")
+    unknown = set(raw) - _TURN_FIELDS
+    if unknown:
+        raise ScriptError(f"{where}: unknown fields {sorted(unknown)}")
+    calls = []
+    for j, call in enumerate(raw.get("tool_calls") or ()):
+        if not isinstance(call, dict) or "name" not in call:
+            raise ScriptError(f"{where}.tool_calls[{j}]: needs a 'name'")
+        calls.append(ScriptedCall(name=call["name"], arguments=call.get("arguments", {})))
+    if raw.get("finish", "stop") not in ("stop", "length"):
+        raise ScriptError(f"{where}.finish: must be 'stop' or 'length'")
+    expect = raw.get("expect")
+    return Turn(
+        text=str(raw.get("text", "")),
+        reasoning=raw.get("reasoning"),
+        tool_calls=tuple(calls),
+        raw=raw.get("raw"),
+        finish=raw.get("finish", "stop"),
+        max_tokens=raw.get("max_tokens"),
+        crash_after=raw.get("crash_after"),
+        expect=_expect(expect, f"{where}.expect") if expect else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SideReply:
+    """A reply to any request matching ``when``, outside the main script: side
+    calls such as a harness's title generation. It answers any number of times."""
+
+    when: Expect
+    turn: Turn
+
+
 @dataclass(frozen=True, slots=True)
 class Script:
     turns: tuple[Turn, ...]
     cycle: bool = False
     """Replay the turns forever (load tests) instead of failing when they run out."""
+    side: tuple[SideReply, ...] = ()
+
+    def side_reply(self, seen: ObservedRequest) -> Turn | None:
+        for rule in self.side:
+            if not rule.when.problems(seen):
+                return rule.turn
+        return None
 
     @classmethod
     def from_dict(cls, data: Any) -> Script:
         if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
             raise ScriptError("a script is a mapping with a 'turns' list")
-        turns = []
-        for i, raw in enumerate(data["turns"]):
-            if not isinstance(raw, dict):
-                raise ScriptError(f"turns[{i}]: expected a mapping")
-            unknown = set(raw) - {
-                "text",
-                "reasoning",
-                "tool_calls",
-                "raw",
-                "finish",
-                "max_tokens",
-                "expect",
-                "crash_after",
-            }
-            if unknown:
-                raise ScriptError(f"turns[{i}]: unknown fields {sorted(unknown)}")
-            calls = []
-            for j, call in enumerate(raw.get("tool_calls") or ()):
-                if not isinstance(call, dict) or "name" not in call:
-                    raise ScriptError(f"turns[{i}].tool_calls[{j}]: needs a 'name'")
-                calls.append(ScriptedCall(name=call["name"], arguments=call.get("arguments", {})))
-            expect = raw.get("expect")
-            if expect is not None and not isinstance(expect, dict):
-                raise ScriptError(f"turns[{i}].expect: expected a mapping")
-            try:
-                turns.append(
-                    Turn(
-                        text=str(raw.get("text", "")),
-                        reasoning=raw.get("reasoning"),
-                        tool_calls=tuple(calls),
-                        raw=raw.get("raw"),
-                        finish=raw.get("finish", "stop"),
-                        max_tokens=raw.get("max_tokens"),
-                        crash_after=raw.get("crash_after"),
-                        expect=_expect(expect, f"turns[{i}].expect") if expect else None,
-                    )
+        unknown = set(data) - {"turns", "cycle", "side"}
+        if unknown:
+            raise ScriptError(f"unknown fields {sorted(unknown)}")
+        turns = tuple(_turn(raw, f"turns[{i}]") for i, raw in enumerate(data["turns"]))
+        side = []
+        for i, raw in enumerate(data.get("side") or ()):
+            if not isinstance(raw, dict) or "when" not in raw:
+                raise ScriptError(f"side[{i}]: needs a 'when' mapping")
+            body = {k: v for k, v in raw.items() if k != "when"}
+            side.append(
+                SideReply(
+                    when=_expect(raw["when"], f"side[{i}].when"), turn=_turn(body, f"side[{i}]")
                 )
-            except TypeError as exc:
-                raise ScriptError(f"turns[{i}]: {exc}") from None
-            if turns[-1].finish not in ("stop", "length"):
-                raise ScriptError(f"turns[{i}].finish: must be 'stop' or 'length'")
-        return cls(turns=tuple(turns), cycle=bool(data.get("cycle", False)))
+            )
+        return cls(turns=turns, cycle=bool(data.get("cycle", False)), side=tuple(side))
 
     @classmethod
     def from_file(cls, path: Path) -> Script:

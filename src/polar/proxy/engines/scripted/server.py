@@ -144,6 +144,9 @@ class ScriptedEngine:
     def _next_turn(self, body: dict[str, Any], seen: ObservedRequest) -> Turn:
         with self._lock:
             self._state.requests.append(body)
+            side = self.script.side_reply(seen)
+            if side is not None:
+                return side
             index = self._state.position
             turns = self.script.turns
             if index >= len(turns) and not self.script.cycle:
