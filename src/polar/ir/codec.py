@@ -10,7 +10,17 @@ from __future__ import annotations
 from typing import Any, assert_never
 
 from polar.ir.completion import FinishReason, Usage
-from polar.ir.messages import ImagePart, Message, Part, ReasoningPart, Role, TextPart, ToolCall
+from polar.ir.messages import (
+    EditKind,
+    ImagePart,
+    Message,
+    Part,
+    ReasoningPart,
+    RequestEdit,
+    Role,
+    TextPart,
+    ToolCall,
+)
 from polar.ir.records import (
     CallError,
     CaptureMode,
@@ -174,6 +184,7 @@ def record_to_json(record: CompletionRecord) -> dict[str, Any]:
         "malformed_tool_calls": [
             {"raw": m.raw, "reason": m.reason} for m in record.malformed_tool_calls
         ],
+        "edits": [{"kind": e.kind.value, "detail": e.detail} for e in record.edits],
         "original_request": record.original_request,
         "engine_request": record.engine_request,
     }
@@ -226,6 +237,10 @@ def record_from_json(data: Any) -> CompletionRecord:
             malformed_tool_calls=tuple(
                 MalformedToolCall(raw=str(m["raw"]), reason=str(m["reason"]))
                 for m in data.get("malformed_tool_calls") or ()
+            ),
+            edits=tuple(
+                RequestEdit(kind=EditKind(e["kind"]), detail=str(e["detail"]))
+                for e in data.get("edits") or ()
             ),
         )
     except KeyError as exc:

@@ -114,3 +114,4 @@ class Completion:
     finish_reason: FinishReason
     message: Message
     usage: Usage
+    matched_stop: str | int | None = None

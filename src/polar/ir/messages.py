@@ -14,6 +14,11 @@ from typing import Any, Literal
 JsonObject = Mapping[str, Any]
 """A decoded JSON object. Used for opaque payloads such as tool schemas."""
 
+# Every IR value has an ``extra`` mapping: wire attributes a dialect keeps so
+# it can write the value back exactly as it came (``cache_control``, item ids,
+# whether content was a string or a list of blocks...). Nothing in the gateway
+# branches on ``extra``; what the gateway acts on is a typed field.
+
 
 class Role(StrEnum):
     SYSTEM = "system"
@@ -26,6 +31,7 @@ class Role(StrEnum):
 @dataclass(frozen=True, slots=True)
 class TextPart:
     text: str
+    extra: JsonObject = field(default_factory=dict)
     kind: Literal["text"] = "text"
 
 
@@ -35,6 +41,7 @@ class ImagePart:
 
     url: str
     detail: str | None = None
+    extra: JsonObject = field(default_factory=dict)
     kind: Literal["image"] = "image"
 
 
@@ -48,6 +55,7 @@ class ReasoningPart:
 
     text: str
     signature: str | None = None
+    extra: JsonObject = field(default_factory=dict)
     kind: Literal["reasoning"] = "reasoning"
 
 
@@ -58,6 +66,7 @@ class ToolCall:
     id: str
     name: str
     arguments: str
+    extra: JsonObject = field(default_factory=dict)
     kind: Literal["tool_call"] = "tool_call"
 
 
@@ -77,6 +86,7 @@ class Message:
     name: str | None = None
     tool_call_id: str | None = None
     is_error: bool = False
+    extra: JsonObject = field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -97,14 +107,29 @@ class Message:
         return tuple(p for p in self.parts if isinstance(p, ImagePart))
 
 
+class ToolKind(StrEnum):
+    FUNCTION = "function"
+    """Called with JSON arguments matching ``parameters``."""
+    CUSTOM = "custom"
+    """Called with free-form text (OpenAI Responses ``custom`` tools); the model
+    sees one string parameter, ``input``."""
+
+
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
-    """A function tool offered to the model. ``parameters`` is its JSON schema."""
+    """A tool offered to the model. ``parameters`` is its JSON schema.
+
+    ``namespace`` is the group it was offered in (OpenAI Responses ``namespace``
+    tools); calls to it are reported with that namespace.
+    """
 
     name: str
     description: str | None = None
     parameters: JsonObject = field(default_factory=dict)
     strict: bool | None = None
+    kind: ToolKind = ToolKind.FUNCTION
+    namespace: str | None = None
+    extra: JsonObject = field(default_factory=dict)
 
 
 class ToolChoiceMode(StrEnum):
@@ -137,6 +162,20 @@ class Sampling:
     logit_bias: Mapping[int, float] = field(default_factory=dict)
 
 
+class EditKind(StrEnum):
+    """Changes the gateway made to a request before rendering it."""
+
+    STRIPPED_BILLING_HEADER = "stripped_billing_header"
+    """Claude Code's per-request ``x-anthropic-billing-header`` system block,
+    which changes every call and would break token prefixes."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestEdit:
+    kind: EditKind
+    detail: str
+
+
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     """A chat call as the harness meant it, independent of its dialect.
@@ -159,3 +198,5 @@ class ChatRequest:
     """OpenAI ``response_format`` (JSON mode / JSON schema), passed to engines that honour it."""
     structured_output: JsonObject | None = None
     """vLLM-style ``structured_outputs`` constraint (``{"regex": ...}``, ``{"json": ...}``...)."""
+    edits: tuple[RequestEdit, ...] = ()
+    extra: JsonObject = field(default_factory=dict)

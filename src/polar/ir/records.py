@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from polar.ir.completion import FinishReason, Usage
-from polar.ir.messages import JsonObject, Message
+from polar.ir.messages import JsonObject, Message, RequestEdit
 
 
 class Dialect(StrEnum):
@@ -128,6 +128,8 @@ class CompletionRecord:
     error: CallError | None = None
     lineage: PromptLineage | None = None
     malformed_tool_calls: tuple[MalformedToolCall, ...] = ()
+    edits: tuple[RequestEdit, ...] = ()
+    """Changes the gateway made to the request before rendering it."""
 
     @property
     def key(self) -> str:

@@ -13,7 +13,9 @@ from starlette.routing import Route
 
 from polar.proxy import admin
 from polar.proxy.asgi import Router
+from polar.proxy.dialects.anthropic_messages import routes as anthropic_messages
 from polar.proxy.dialects.openai_chat import routes as openai_chat
+from polar.proxy.dialects.openai_responses import routes as openai_responses
 from polar.proxy.gateway import Gateway
 
 
@@ -30,6 +32,10 @@ def create_app(gateway: Gateway) -> Router:
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
+
+    async def root(request: Request) -> Response:
+        # Some harnesses probe the base URL (Claude Code sends HEAD /) before calling.
+        return JSONResponse({"status": "ok", "service": "polar gateway"})
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -49,6 +55,7 @@ def create_app(gateway: Gateway) -> Router:
     app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
+            Route("/", root, methods=["GET", "HEAD"]),
             *admin.routes(),
             *openai_chat.routes(gateway),
         ],
@@ -56,4 +63,11 @@ def create_app(gateway: Gateway) -> Router:
         exception_handlers={HTTPException: http_error},
     )
     app.state.gateway = gateway
-    return Router({**openai_chat.hot_routes(gateway)}, fallback=app)
+    return Router(
+        {
+            **openai_chat.hot_routes(gateway),
+            **anthropic_messages.hot_routes(gateway),
+            **openai_responses.hot_routes(gateway),
+        },
+        fallback=app,
+    )

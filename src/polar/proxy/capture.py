@@ -56,6 +56,10 @@ class Capture(Protocol):
 
     def prepare(self, request: ChatRequest, transcript: Transcript) -> PreparedCall: ...
 
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Prompt tokens the request would take (no splicing, no call made)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -76,6 +80,9 @@ class EngineRendered:
     def prepare(self, request: ChatRequest, transcript: Transcript) -> PreparedCall:
         call = self.engine.prepare(request)
         return PreparedCall(body=call.body, events=call.events)
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        return await self.engine.count_tokens(request)
 
     async def aclose(self) -> None:
         await self.engine.aclose()
@@ -104,6 +111,12 @@ class GatewayRendered:
     @property
     def model(self) -> str:
         return self.engine.model
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        ids, _ = self.template.render(
+            request.messages, request.tools, kwargs=request.template_kwargs
+        )
+        return len(ids)
 
     def prepare(self, request: ChatRequest, transcript: Transcript) -> PreparedCall:
         plan = plan_prompt(

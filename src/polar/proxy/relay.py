@@ -28,6 +28,7 @@ from polar.ir import (
     CompletionRecord,
     Delta,
     Dialect,
+    EngineEvent,
     ErrorKind,
     Finish,
     JsonObject,
@@ -136,8 +137,9 @@ class Relay:
         self._backoff = retry_backoff_s
         self._pause_wait = pause_wait_s
 
-    async def run(self, call: CallInput) -> AsyncGenerator[Delta | Finish, None]:
-        """Serve one call; yields deltas as they arrive and the finish event last."""
+    async def run(self, call: CallInput) -> AsyncGenerator[EngineEvent, None]:
+        """Serve one call; yields the prompt ids once known, deltas as they arrive,
+        and the finish event last."""
         seq = call.session.next_seq()
         transcript = self._transcripts.get(call.session.id)
         messages = call.request.messages
@@ -190,6 +192,7 @@ class Relay:
                         error=error,
                         lineage=lineage,
                         malformed_tool_calls=tuple(prepared.malformed),
+                        edits=call.request.edits,
                     )
 
                 sent_any = False
@@ -199,6 +202,7 @@ class Relay:
                         async for event in events:
                             if isinstance(event, PromptTokens):
                                 acc.prompt_ids = event.ids
+                                yield event
                             elif isinstance(event, Delta):
                                 if timings["first_token"] is None and event.token_ids:
                                     timings["first_token"] = time.time()

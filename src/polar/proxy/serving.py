@@ -21,7 +21,16 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
-from polar.ir import ChatRequest, Completion, Delta, Dialect, Finish, TokenLogprob
+from polar.ir import (
+    ChatRequest,
+    Completion,
+    Delta,
+    Dialect,
+    EngineEvent,
+    Finish,
+    PromptTokens,
+    TokenLogprob,
+)
 from polar.proxy.asgi import (
     SSE,
     DisconnectWatch,
@@ -41,7 +50,10 @@ _log = logging.getLogger(__name__)
 
 
 class StreamEncoder(Protocol):
-    def start(self) -> bytes: ...
+    def start(self, prompt_tokens: int) -> bytes:
+        """The opening events, once the engine has started (prompt length known)."""
+        ...
+
     def delta(self, event: Delta) -> bytes: ...
     def finish(self, event: Finish) -> bytes: ...
     def error(self, error: ProxyError) -> bytes: ...
@@ -119,12 +131,14 @@ async def _collect(
     send: Send,
     codec: DialectCodec,
     chat: ChatRequest,
-    events: AsyncGenerator[Delta | Finish, None],
+    events: AsyncGenerator[EngineEvent, None],
 ) -> None:
     acc = Accumulator()
     details: list[TokenLogprob] | None = [] if chat.top_logprobs is not None else None
     try:
         async for event in events:
+            if isinstance(event, PromptTokens):
+                continue
             if isinstance(event, Delta):
                 acc.add(event)
                 if details is not None and event.details:
@@ -137,6 +151,7 @@ async def _collect(
                 finish_reason=event.reason,
                 message=acc.message(),
                 usage=event.usage,
+                matched_stop=event.matched_stop,
             )
             await send_body(send, 200, codec.reply_body(chat, completion, details))
             return
@@ -149,21 +164,26 @@ async def _stream(
     send: Send,
     codec: DialectCodec,
     chat: ChatRequest,
-    events: AsyncGenerator[Delta | Finish, None],
+    events: AsyncGenerator[EngineEvent, None],
 ) -> None:
+    prompt_tokens = 0
     try:
-        event: Delta | Finish = await anext(events)
+        event = await anext(events)
+        if isinstance(event, PromptTokens):
+            prompt_tokens = len(event.ids)
+            event = await anext(events)
     except Exception as error:
         await _error(send, codec, error)
         return
     encoder = codec.encoder(chat)
     await send({"type": "http.response.start", "status": 200, "headers": SSE})
-    pending = encoder.start()
+    pending = encoder.start(prompt_tokens)
     while True:
         if isinstance(event, Finish):
             await send({"type": "http.response.body", "body": pending + encoder.finish(event)})
             return
-        pending += encoder.delta(event)
+        if isinstance(event, Delta):
+            pending += encoder.delta(event)
         if pending:
             await send({"type": "http.response.body", "body": pending, "more_body": True})
             pending = b""

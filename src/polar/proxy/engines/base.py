@@ -40,6 +40,10 @@ class ChatEngine(Protocol):
         requests this engine cannot serve; talks to the network only when iterated."""
         ...
 
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Prompt tokens the request would take, as the engine renders it."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

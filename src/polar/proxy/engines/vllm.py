@@ -62,6 +62,27 @@ class VllmChatEngine:
     async def aclose(self) -> None:
         await self._transport.aclose()
 
+    async def count_tokens(self, request: ChatRequest) -> int:
+        body = chat_body(
+            request,
+            model=self._model,
+            reasoning_field="reasoning",
+            template_kwargs=self._template_kwargs,
+        )
+        tokenize = {
+            "model": self._model,
+            "messages": body["messages"],
+            "add_generation_prompt": True,
+        }
+        for key in ("tools", "chat_template_kwargs"):
+            if key in body:
+                tokenize[key] = body[key]
+        reply = await self._transport.post_json("/tokenize", tokenize)
+        try:
+            return int(reply["count"])
+        except (KeyError, TypeError, ValueError):
+            raise EngineProtocolError("engine /tokenize reply has no count") from None
+
     def prepare(self, request: ChatRequest) -> EngineCall:
         body = chat_body(
             request,

@@ -34,10 +34,12 @@ from polar.ir import (
     CaptureMode,
     CompletionRecord,
     Dialect,
+    EditKind,
     ErrorKind,
     FinishReason,
     MalformedToolCall,
     RecordStatus,
+    RequestEdit,
     Timings,
 )
 from polar.ir.codec import (
@@ -63,7 +65,7 @@ from polar.proxy.store.packing import (
 
 _log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -105,6 +107,7 @@ CREATE TABLE IF NOT EXISTS records (
     output_logprobs BLOB NOT NULL,
     lineage TEXT,
     malformed TEXT,
+    edits TEXT,
     UNIQUE (session_id, seq, attempt)
 );
 """
@@ -115,12 +118,14 @@ _MIGRATIONS = {
         "ALTER TABLE records ADD COLUMN lineage TEXT",
         "ALTER TABLE records ADD COLUMN malformed TEXT",
     ),
+    3: ("ALTER TABLE records ADD COLUMN edits TEXT",),
 }
 
 _RECORD_COLUMNS = (
     "rowid, session_id, seq, attempt, status, dialect, capture, engine, model, policy_version, "
     "stream, finish_reason, error, timings, usage, message, original_request, engine_request, "
-    "prompt_base, prompt_shared, prompt_tail, output_ids, output_logprobs, lineage, malformed"
+    "prompt_base, prompt_shared, prompt_tail, output_ids, output_logprobs, "
+    "lineage, malformed, edits"
 )
 
 
@@ -431,7 +436,7 @@ class SqliteStore:
         base, shared = self._bases.best(record.session_id, prompt)
         cursor = conn.execute(
             f"INSERT INTO records ({_RECORD_COLUMNS}) VALUES "
-            "(NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "(NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 record.session_id,
                 record.seq,
@@ -461,6 +466,11 @@ class SqliteStore:
                         [{"raw": m.raw, "reason": m.reason} for m in record.malformed_tool_calls]
                     )
                     if record.malformed_tool_calls
+                    else None
+                ),
+                (
+                    _dumps([{"kind": e.kind.value, "detail": e.detail} for e in record.edits])
+                    if record.edits
                     else None
                 ),
             ),
@@ -633,5 +643,9 @@ def _record_from_row(
         malformed_tool_calls=tuple(
             MalformedToolCall(raw=m["raw"], reason=m["reason"])
             for m in (orjson.loads(row[24]) if row[24] else ())
+        ),
+        edits=tuple(
+            RequestEdit(kind=EditKind(e["kind"]), detail=e["detail"])
+            for e in (orjson.loads(row[25]) if row[25] else ())
         ),
     )

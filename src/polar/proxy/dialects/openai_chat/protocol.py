@@ -157,14 +157,3 @@ class WireUsage(TypedDict, total=False):
     total_tokens: int
     prompt_tokens_details: dict[str, int]
     completion_tokens_details: dict[str, int]
-
-
-class WireErrorBody(TypedDict):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class WireError(TypedDict):
-    error: WireErrorBody

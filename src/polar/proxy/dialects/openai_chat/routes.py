@@ -15,12 +15,8 @@ from polar.ir import ChatRequest, Completion, Dialect, TokenLogprob
 from polar.proxy.asgi import ASGIApp, Receive, Scope, Send
 from polar.proxy.dialects.openai_chat.protocol import IGNORED_FIELDS, ChatCompletionRequest
 from polar.proxy.dialects.openai_chat.stream import ChunkEncoder
-from polar.proxy.dialects.openai_chat.translate import (
-    completion_json,
-    error_json,
-    logprobs_json,
-    request_to_ir,
-)
+from polar.proxy.dialects.openai_chat.translate import completion_json, logprobs_json, request_to_ir
+from polar.proxy.dialects.openai_errors import error_json
 from polar.proxy.errors import ProxyError
 from polar.proxy.gateway import Gateway
 from polar.proxy.inbound import api_key_of, validate

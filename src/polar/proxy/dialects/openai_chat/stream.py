@@ -14,12 +14,8 @@ from typing import Any
 import orjson
 
 from polar.ir import Delta, Finish
-from polar.proxy.dialects.openai_chat.translate import (
-    error_json,
-    finish_reason,
-    logprobs_json,
-    usage_json,
-)
+from polar.proxy.dialects.openai_chat.translate import finish_reason, logprobs_json, usage_json
+from polar.proxy.dialects.openai_errors import error_json
 from polar.proxy.errors import ProxyError
 
 DONE = b"data: [DONE]\n\n"
@@ -67,7 +63,7 @@ class ChunkEncoder:
             + b"}\n\n"
         )
 
-    def start(self) -> bytes:
+    def start(self, prompt_tokens: int) -> bytes:
         return self._chunk({"role": "assistant", "content": "", "refusal": None}, b"null", b"null")
 
     def delta(self, event: Delta) -> bytes:

@@ -29,20 +29,11 @@ from polar.proxy.dialects.openai_chat.protocol import (
     ChatMessage,
     ContentPart,
     NamedToolChoice,
-    WireError,
     WireTokenLogprob,
     WireToolCall,
     WireUsage,
 )
-from polar.proxy.errors import (
-    AuthenticationFailed,
-    EngineError,
-    EngineHTTPError,
-    GatewayPaused,
-    InvalidRequest,
-    ProxyError,
-    UnsupportedContent,
-)
+from polar.proxy.errors import InvalidRequest, UnsupportedContent
 
 # ---------------------------------------------------------------- requests
 
@@ -289,25 +280,3 @@ def completion_json(
         "usage": usage_json(completion.usage),
         "system_fingerprint": None,
     }
-
-
-def error_json(error: ProxyError) -> WireError:
-    """An error in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
-    kind: str
-    code: str | None
-    match error:
-        case AuthenticationFailed():
-            kind, code = "invalid_request_error", "invalid_api_key"
-        case EngineHTTPError() if error.status < 500:
-            kind, code = "invalid_request_error", None
-        case GatewayPaused():
-            kind, code = "server_error", "gateway_paused"
-        case EngineError():
-            kind, code = "server_error", error.code
-        case UnsupportedContent():
-            kind, code = "invalid_request_error", "unsupported_content"
-        case ProxyError() if error.status < 500:
-            kind, code = "invalid_request_error", None if error.status == 400 else error.code
-        case _:
-            kind, code = "server_error", None
-    return {"error": {"message": error.message, "type": kind, "param": error.param, "code": code}}
