@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 from openai import OpenAI
 
@@ -47,6 +48,7 @@ class Stack:
     ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
+        self._clients: list[OpenAI | anthropic.Anthropic] = []
         self.engine = ScriptedEngine(
             script,
             tokenizer,
@@ -79,6 +81,8 @@ class Stack:
         self.server.stop()
 
     def close(self) -> None:
+        for client in self._clients:
+            client.close()
         self.server.stop()
         self.engine.stop()
 
@@ -95,7 +99,14 @@ class Stack:
         return body["session_id"], body["api_key"]
 
     def openai(self, api_key: str, **options: Any) -> OpenAI:
-        return OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, **options)
+        client = OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, **options)
+        self._clients.append(client)
+        return client
+
+    def anthropic(self, api_key: str) -> anthropic.Anthropic:
+        client = anthropic.Anthropic(base_url=self.url, api_key=api_key, max_retries=0)
+        self._clients.append(client)
+        return client
 
     def client(self, api_key: str) -> httpx.Client:
         return httpx.Client(

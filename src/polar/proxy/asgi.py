@@ -50,7 +50,10 @@ async def read_body(receive: Receive, limit: int, declared: str | None) -> bytes
 async def send_body(
     send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON
 ) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    # A declared length lets the server write headers and body in one go; without
+    # it the body goes out chunked, in writes that can sit behind delayed ACKs.
+    length = (b"content-length", str(len(body)).encode())
+    await send({"type": "http.response.start", "status": status, "headers": [*headers, length]})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -247,11 +247,16 @@ def test_gateway_records_what_the_embedded_engine_sampled(
             headers={"authorization": "Bearer 0123456789abcdef0123"},
             json={},
         ).json()
-        client = OpenAI(base_url=f"{gateway.url}/v1", api_key=created["api_key"], max_retries=0)
-        reply = client.chat.completions.create(
-            model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=7, stream=True
-        )
-        list(reply)
+        with OpenAI(
+            base_url=f"{gateway.url}/v1", api_key=created["api_key"], max_retries=0
+        ) as client:
+            reply = client.chat.completions.create(
+                model="policy",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=7,
+                stream=True,
+            )
+            list(reply)
     (record,) = SqliteStore(tmp_path / "r.db").records(created["session_id"])
     assert record.engine == "embedded" and len(record.output_ids) == 7
     assert list(record.output_logprobs) == pytest.approx(

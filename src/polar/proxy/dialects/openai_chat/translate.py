@@ -36,6 +36,29 @@ from polar.proxy.dialects.openai_chat.protocol import (
 from polar.proxy.errors import InvalidRequest, UnsupportedContent
 
 # ---------------------------------------------------------------- requests
+#
+# Requests go to the IR and back without loss (request_to_ir / request_from_ir):
+# typed fields are rebuilt from the IR, and what the IR does not model (unknown
+# fields, whether content was a string or a list, which of max_tokens and
+# max_completion_tokens was used...) rides in ``extra``.
+
+# Top-level fields rebuilt from typed IR fields.
+_MODELED = {
+    "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "max_tokens",
+    "max_completion_tokens", "stream", "temperature", "top_p", "stop", "logprobs",
+    "top_logprobs", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
+    "repetition_penalty", "chat_template_kwargs", "logit_bias", "response_format",
+    "structured_outputs",
+}  # fmt: skip
+_MESSAGE_MODELED = {
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "reasoning_content",
+    "reasoning",
+}
 
 
 def _parts(content: str | list[ContentPart] | None, *, where: str, images: bool) -> list[Part]:
@@ -45,22 +68,30 @@ def _parts(content: str | list[ContentPart] | None, *, where: str, images: bool)
         return [TextPart(content)]
     out: list[Part] = []
     for i, part in enumerate(content):
+        rest = part.model_dump(exclude_unset=True)
         if part.type == "text":
             if part.text is None:
                 raise InvalidRequest(f"{where}.content[{i}]: text part without 'text'")
-            out.append(TextPart(part.text))
+            rest.pop("text")
+            out.append(TextPart(part.text, extra=rest))
         elif part.type == "refusal" and part.refusal is not None:
-            out.append(TextPart(part.refusal))
+            out.append(TextPart(part.refusal, extra=rest))
         elif part.type == "image_url" and images:
             if part.image_url is None:
                 raise InvalidRequest(f"{where}.content[{i}]: image_url part without 'image_url'")
-            out.append(ImagePart(url=part.image_url.url, detail=part.image_url.detail))
+            out.append(ImagePart(url=part.image_url.url, detail=part.image_url.detail, extra=rest))
         else:
             raise UnsupportedContent(
                 f"{where}.content[{i}]: content part type {part.type!r} is not supported here",
                 param=f"{where}.content",
             )
     return out
+
+
+def _form(content: Any, given: bool) -> str:
+    if not given:
+        return "absent"
+    return "null" if content is None else "string" if isinstance(content, str) else "list"
 
 
 def _arguments(arguments: str | dict[str, Any]) -> str:
@@ -71,35 +102,50 @@ def _arguments(arguments: str | dict[str, Any]) -> str:
 
 def message_to_ir(message: ChatMessage, index: int) -> Message:
     where = f"messages[{index}]"
+    fields = message.model_dump(exclude_unset=True)
+    extra: dict[str, Any] = {
+        "wire": {k: v for k, v in fields.items() if k not in _MESSAGE_MODELED},
+        "form": _form(message.content, "content" in fields),
+    }
     match message.role:
         case "system" | "developer":
             role = Role.SYSTEM if message.role == "system" else Role.DEVELOPER
-            return Message(
-                role=role,
-                parts=tuple(_parts(message.content, where=where, images=False)),
-                name=message.name,
-            )
+            parts = _parts(message.content, where=where, images=False)
+            return Message(role=role, parts=tuple(parts), name=message.name, extra=extra)
         case "user":
-            return Message(
-                role=Role.USER,
-                parts=tuple(_parts(message.content, where=where, images=True)),
-                name=message.name,
-            )
+            parts = _parts(message.content, where=where, images=True)
+            return Message(role=Role.USER, parts=tuple(parts), name=message.name, extra=extra)
         case "assistant":
-            parts: list[Part] = []
-            reasoning = message.reasoning_content or message.reasoning
-            if reasoning:
-                parts.append(ReasoningPart(reasoning))
+            parts = []
+            for key in ("reasoning_content", "reasoning"):
+                if key in fields:
+                    extra["reasoning_key"] = key
+                    extra["reasoning_value"] = fields[key]
+                    if fields[key]:
+                        parts.append(ReasoningPart(fields[key]))
+                    break
             parts.extend(_parts(message.content, where=where, images=False))
-            for call in message.tool_calls or ():
+            if message.tool_calls is not None:
+                extra["tool_calls_given"] = True
+            for call, raw in zip(
+                message.tool_calls or (), fields.get("tool_calls") or (), strict=True
+            ):
+                function = raw["function"]
                 parts.append(
                     ToolCall(
                         id=call.id,
                         name=call.function.name,
                         arguments=_arguments(call.function.arguments),
+                        extra={
+                            "wire": {k: v for k, v in raw.items() if k not in ("id", "function")},
+                            "function": {
+                                k: v for k, v in function.items() if k not in ("name", "arguments")
+                            },
+                            "object_arguments": not isinstance(call.function.arguments, str),
+                        },
                     )
                 )
-            return Message(role=Role.ASSISTANT, parts=tuple(parts), name=message.name)
+            return Message(role=Role.ASSISTANT, parts=tuple(parts), name=message.name, extra=extra)
         case "tool":
             if not message.tool_call_id:
                 raise InvalidRequest(
@@ -109,6 +155,8 @@ def message_to_ir(message: ChatMessage, index: int) -> Message:
                 role=Role.TOOL,
                 parts=tuple(_parts(message.content, where=where, images=False)),
                 tool_call_id=message.tool_call_id,
+                name=message.name,
+                extra=extra,
             )
         case "function":
             raise UnsupportedContent(
@@ -135,19 +183,32 @@ def request_to_ir(wire: ChatCompletionRequest) -> ChatRequest:
         raise InvalidRequest("n must be 1: the gateway records one sample per call", param="n")
     if wire.top_logprobs is not None and not wire.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    given = wire.model_dump(exclude_unset=True)
     tools = []
-    for i, tool in enumerate(wire.tools or ()):
+    for i, (tool, raw) in enumerate(zip(wire.tools or (), given.get("tools") or (), strict=True)):
         if tool.type != "function" or tool.function is None:
             raise UnsupportedContent(
                 f"tools[{i}]: tool type {tool.type!r} is not supported; only 'function'",
                 param=f"tools[{i}].type",
             )
+        function = raw["function"]
         tools.append(
             ToolSpec(
                 name=tool.function.name,
                 description=tool.function.description,
                 parameters=tool.function.parameters or {"type": "object", "properties": {}},
                 strict=tool.function.strict,
+                extra={
+                    "wire": {k: v for k, v in raw.items() if k not in ("type", "function")},
+                    "given": sorted(
+                        k for k in ("description", "parameters", "strict") if k in function
+                    ),
+                    "function": {
+                        k: v
+                        for k, v in function.items()
+                        if k not in ("name", "description", "parameters", "strict")
+                    },
+                },
             )
         )
     choice = _tool_choice(wire.tool_choice)
@@ -163,6 +224,11 @@ def request_to_ir(wire: ChatCompletionRequest) -> ChatRequest:
     except ValueError:
         raise InvalidRequest("logit_bias keys must be token ids", param="logit_bias") from None
     stream = bool(wire.stream)
+    extra: dict[str, Any] = {k: v for k, v in given.items() if k not in _MODELED}
+    # Presence and exact form of modeled fields, for writing the request back.
+    extra["_given"] = {
+        k: v for k, v in given.items() if k in _MODELED and k not in ("model", "messages", "tools")
+    }
     return ChatRequest(
         model=wire.model,
         messages=tuple(message_to_ir(m, i) for i, m in enumerate(wire.messages)),
@@ -188,7 +254,92 @@ def request_to_ir(wire: ChatCompletionRequest) -> ChatRequest:
         template_kwargs=wire.chat_template_kwargs or {},
         response_format=wire.response_format,
         structured_output=wire.structured_outputs,
+        extra=extra,
     )
+
+
+def _part_json(part: Part) -> dict[str, Any]:
+    match part:
+        case TextPart(text=text, extra=extra):
+            if extra.get("type") == "refusal":
+                return dict(extra)
+            return {**extra, "text": text}
+        case ImagePart(extra=extra):
+            return dict(extra)
+    raise AssertionError(f"unexpected part {part!r}")
+
+
+def _message_json(message: Message) -> dict[str, Any]:
+    extra = message.extra
+    out: dict[str, Any] = {"role": message.role.value}
+    content_parts = [p for p in message.parts if isinstance(p, (TextPart, ImagePart))]
+    form = extra.get("form", "string")
+    if form == "string":
+        out["content"] = "".join(p.text for p in content_parts if isinstance(p, TextPart))
+    elif form == "list":
+        out["content"] = [_part_json(p) for p in content_parts]
+    elif form == "null":
+        out["content"] = None
+    if "reasoning_key" in extra:
+        out[extra["reasoning_key"]] = extra["reasoning_value"]
+    if extra.get("tool_calls_given"):
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                **call.extra.get("wire", {}),
+                "function": {
+                    "name": call.name,
+                    "arguments": (
+                        orjson.loads(call.arguments)
+                        if call.extra.get("object_arguments")
+                        else call.arguments
+                    ),
+                    **call.extra.get("function", {}),
+                },
+            }
+            for call in message.tool_calls
+        ]
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    out.update(extra.get("wire", {}))
+    return out
+
+
+def request_from_ir(request: ChatRequest) -> dict[str, Any]:
+    """The Chat Completions body a :func:`request_to_ir` result came from."""
+    extra = dict(request.extra)
+    given = extra.pop("_given", {})
+    body: dict[str, Any] = {"model": request.model}
+    body["messages"] = [_message_json(m) for m in request.messages]
+    if request.tools or "tools" in given:
+        body["tools"] = [
+            {
+                "type": "function",
+                **t.extra.get("wire", {}),
+                "function": {
+                    "name": t.name,
+                    **(
+                        {"description": t.description}
+                        if "description" in t.extra.get("given", ())
+                        else {}
+                    ),
+                    **(
+                        {"parameters": dict(t.parameters)}
+                        if "parameters" in t.extra.get("given", ())
+                        else {}
+                    ),
+                    **({"strict": t.strict} if "strict" in t.extra.get("given", ()) else {}),
+                    **t.extra.get("function", {}),
+                },
+            }
+            for t in request.tools
+        ]
+    # Scalar fields are written back as given; their typed values came from them.
+    body.update(given)
+    body.update(extra)
+    return body
 
 
 # ---------------------------------------------------------------- replies

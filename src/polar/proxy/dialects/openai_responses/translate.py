@@ -169,14 +169,32 @@ def _call_part(item: dict[str, Any], kind: str, index: int, where: str) -> ToolC
     )
 
 
+def _item_texts(item: dict[str, Any], key: str, where: str) -> list[str]:
+    """The ``text`` of each part in a reasoning item's ``content`` or ``summary``."""
+    value = item.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{where}.{key}: expected a list of parts")
+    texts = []
+    for j, part in enumerate(value):
+        text = part.get("text", "") if isinstance(part, dict) else None
+        if not isinstance(text, str):
+            raise InvalidRequest(f"{where}.{key}[{j}]: expected an object with a string 'text'")
+        texts.append(text)
+    return texts
+
+
 def _reasoning_part(item: dict[str, Any], index: int) -> ReasoningPart:
+    where = f"input[{index}]"
     encrypted = item.get("encrypted_content")
-    pieces = [c.get("text", "") for c in item.get("content") or () if isinstance(c, dict)]
+    if encrypted is not None and not isinstance(encrypted, str):
+        raise InvalidRequest(f"{where}.encrypted_content: expected a string")
+    pieces = _item_texts(item, "content", where)
+    summary = _item_texts(item, "summary", where)
     text = "".join(pieces) if pieces else decrypt_reasoning(encrypted)
     if text is None:
-        text = "\n".join(
-            s.get("text", "") for s in item.get("summary") or () if isinstance(s, dict)
-        )
+        text = "\n".join(summary)
     rest = {k: v for k, v in item.items() if k != "encrypted_content"}
     return ReasoningPart(
         text,
@@ -204,7 +222,8 @@ def _input_messages(items: list[dict[str, Any]]) -> list[Message]:
         where = f"input[{i}]"
         kind = _item_type(item, where)
         if kind == "message":
-            role = roles.get(item.get("role"))  # type: ignore[arg-type]
+            wire_role = item.get("role")
+            role = roles.get(wire_role) if isinstance(wire_role, str) else None
             if role is None:
                 raise InvalidRequest(f"{where}: message role must be one of {sorted(roles)}")
             parts, form = _content_parts(item.get("content"), f"{where}.content")
@@ -292,13 +311,24 @@ def _tool(tool: Any, where: str, *, namespace: str | None) -> ToolSpec:
         for k, v in tool.items()
         if k not in ("type", "name", "description", "parameters", "strict")
     }
+    for key, types, expected in (
+        ("description", str, "a string"),
+        ("parameters", dict, "a JSON Schema object"),
+        ("strict", bool, "a boolean"),
+    ):
+        if tool.get(key) is not None and not isinstance(tool[key], types):
+            raise InvalidRequest(f"{where}.{key}: expected {expected}")
     if kind == "function":
         if not isinstance(tool.get("name"), str):
             raise InvalidRequest(f"{where}: a function tool needs a 'name'")
         return ToolSpec(
             name=tool["name"],
             description=tool.get("description"),
-            parameters=tool.get("parameters") or {"type": "object", "properties": {}},
+            parameters=(
+                tool["parameters"]
+                if tool.get("parameters") is not None
+                else {"type": "object", "properties": {}}
+            ),
             strict=tool.get("strict"),
             namespace=namespace,
             extra={
