@@ -12,11 +12,10 @@ from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.proxy.engines.scripted import Script
 from polar.proxy.engines.scripted.server import load_tokenizer
 
+from support.paths import FIXTURES, REPO, SHARED
 from support.stack import Stack
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+__all__ = ["FIXTURES", "REPO", "SHARED"]
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from typing import Any
 
 from polar.assets import QWEN3_TOKENIZER_DIR
 
-from conftest import SHARED
+from support.paths import SHARED
 
 
 def test_bundled_tokenizer_is_byte_identical_to_the_shared_copy() -> None:

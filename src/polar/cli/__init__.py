@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from polar.cli import demo, engine, gateway, model, records
+from polar.cli import demo, engine, gateway, harness, model, records
 
 app = typer.Typer(
     name="polar",
@@ -19,6 +19,7 @@ app.command("records")(records.records)
 app.command("demo")(demo.demo)
 app.add_typer(model.app, name="model")
 app.add_typer(engine.app, name="engine")
+app.add_typer(harness.app, name="harness")
 
 
 def main() -> None:

@@ -88,3 +88,17 @@ def test_content_keys_are_content_hashes() -> None:
 @given(st.binary(max_size=5000))
 def test_blob_encoding_round_trips(data: bytes) -> None:
     assert decode_blob(encode_blob(data)) == data
+
+
+def test_a_token_engine_prompt_is_stored_once_with_the_record() -> None:
+    prompt = tuple(range(1000, 21000))
+    body = {"model": "m", "prompt": list(prompt), "max_tokens": 16, "stop_token_ids": [151645]}
+    skeleton, blobs, _ = split_body(body, prompt_ids=prompt)
+    # The prompt list is a reference to the record's packed prompt, not 20k nodes.
+    assert len(blobs) == 1 and len(skeleton) < 300
+    assert join_body(skeleton, dict(blobs).__getitem__, prompt) == body
+    # A list that only looks like the prompt (not ints, or another length) is stored.
+    other = {"prompt": [float(t) for t in prompt[:3]], "ids": list(prompt[:-1])}
+    skeleton, blobs, _ = split_body(other, prompt_ids=prompt[:3])
+    assert join_body(skeleton, dict(blobs).__getitem__, prompt[:3]) == other
+    assert all(type(v) is float for v in join_body(skeleton, dict(blobs).__getitem__)["prompt"])

@@ -115,7 +115,9 @@ ListMemo = dict[str, tuple[list[bytes], list[bytes]]]
 
 
 def split_body(
-    body: Mapping[str, Any], memo: ListMemo | None = None
+    body: Mapping[str, Any],
+    memo: ListMemo | None = None,
+    prompt_ids: tuple[int, ...] | None = None,
 ) -> tuple[bytes, list[tuple[bytes, bytes]], ListMemo]:
     """Split a JSON object into a skeleton and ``(key, bytes)`` blobs.
 
@@ -131,15 +133,24 @@ def split_body(
     its bytes instead of being hashed and stored again; blobs of that prefix are
     not returned again. (Bytes, not ``==``: ``1 == 1.0 == True`` in Python.)
 
+    A top-level list equal to ``prompt_ids`` (a token engine's prompt, which
+    the record stores packed already) is not stored again: its ref has kind
+    ``"prompt_ids"`` and :func:`join_body` puts the record's prompt back.
+
     The skeleton is ``{"body": <object with those fields set to null>,
-    "refs": [[field, kind, hex_key], ...]}`` (kind ``"list"`` or ``"value"``);
-    positions are explicit so client data can never be misread as a reference.
+    "refs": [[field, kind, hex_key], ...]}`` (kind ``"list"``, ``"value"`` or
+    ``"prompt_ids"``); positions are explicit so client data can never be
+    misread as a reference.
     """
     skeleton: dict[str, Any] = {}
     refs: list[list[Any]] = []
     blobs: list[tuple[bytes, bytes]] = []
     lists: ListMemo = {}
     for field, value in body.items():
+        if prompt_ids and _is_prompt(value, prompt_ids):
+            refs.append([field, "prompt_ids", ""])
+            skeleton[field] = None
+            continue
         if isinstance(value, list) and value:
             old_items, old_keys = (memo or {}).get(field, ((), ()))
             items: list[bytes] = []
@@ -179,11 +190,28 @@ def split_body(
     return orjson.dumps({"body": skeleton, "refs": refs}), blobs, lists
 
 
-def join_body(skeleton: bytes, load_blob: Callable[[bytes], bytes]) -> dict[str, Any]:
-    """Inverse of :func:`split_body`. ``load_blob(key)`` returns a blob's bytes."""
+def _is_prompt(value: Any, prompt_ids: tuple[int, ...]) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == len(prompt_ids)
+        and all(type(v) is int for v in value)
+        and tuple(value) == prompt_ids
+    )
+
+
+def join_body(
+    skeleton: bytes,
+    load_blob: Callable[[bytes], bytes],
+    prompt_ids: tuple[int, ...] = (),
+) -> dict[str, Any]:
+    """Inverse of :func:`split_body`. ``load_blob(key)`` returns a blob's bytes;
+    ``prompt_ids`` is the record's prompt (for ``"prompt_ids"`` refs)."""
     doc = orjson.loads(skeleton)
     body: dict[str, Any] = doc["body"]
     for field, kind, hex_key in doc["refs"]:
+        if kind == "prompt_ids":
+            body[field] = list(prompt_ids)
+            continue
         key = bytes.fromhex(hex_key)
         if kind == "value":
             body[field] = orjson.loads(load_blob(key))

@@ -427,7 +427,7 @@ class SqliteStore:
             record.original_request, self._memos.get((sid, "original"))
         )
         engine_body, engine_blobs, engine_memo = split_body(
-            record.engine_request, self._memos.get((sid, "engine"))
+            record.engine_request, self._memos.get((sid, "engine")), record.prompt_ids
         )
         self._pending_memos += [((sid, "original"), original_memo), ((sid, "engine"), engine_memo)]
         self._insert_blobs(conn, sid, original_blobs + engine_blobs)
@@ -612,6 +612,7 @@ def _record_from_row(
 ) -> CompletionRecord:
     timings = orjson.loads(row[13])
     error = orjson.loads(row[12]) if row[12] else None
+    prompt_ids = unpack_ids(prompt)
     return CompletionRecord(
         session_id=row[1],
         seq=row[2],
@@ -635,8 +636,8 @@ def _record_from_row(
         usage=usage_from_json(orjson.loads(row[14])) if row[14] else None,
         message=message_from_json(orjson.loads(row[15])) if row[15] else None,
         original_request=join_body(row[16], load_blob),
-        engine_request=join_body(row[17], load_blob),
-        prompt_ids=unpack_ids(prompt),
+        engine_request=join_body(row[17], load_blob, prompt_ids),
+        prompt_ids=prompt_ids,
         output_ids=unpack_ids(row[21]),
         output_logprobs=unpack_floats(row[22]),
         lineage=lineage_from_json(orjson.loads(row[23])) if row[23] else None,

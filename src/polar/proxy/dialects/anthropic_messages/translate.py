@@ -402,7 +402,9 @@ def request_from_ir(request: ChatRequest) -> dict[str, Any]:
                 if message.role is Role.SYSTEM
                 else ("assistant" if message.role is Role.ASSISTANT else "user")
             )
-            form = message.extra.get("content_form")
+            # A tool message's content_form is its tool_result block's; the user
+            # message holding the block always has a block list.
+            form = "blocks" if message.role is Role.TOOL else message.extra.get("content_form")
             wire.append(
                 {
                     "role": role,

@@ -1,0 +1,254 @@
+"""Install pinned harness CLIs into a project cache directory, idempotently.
+
+Layout under the cache directory (``.cache/harness`` by default)::
+
+    npm/<slug>/node_modules/.bin/<bin>    one npm prefix per package
+    npm-cache/                             npm's download cache (reused across runs)
+    venvs/<name>/bin/<bin>                 one virtualenv per PyPI package
+    pip-cache/                             pip's download cache
+    locks/<slug>.lock                      serializes concurrent installs of one package
+
+Each npm package gets its own prefix so that installing, upgrading or failing
+one CLI never touches another's dependency tree, and several can be installed
+at once. Install scripts are skipped (``--ignore-scripts``), then only the
+package's own are run (``npm rebuild <name>``) where the package says it needs
+them (:attr:`NpmPackage.install_scripts`). npm 11 still runs every script by
+default, only warning that it is "not yet covered by allowScripts"; Claude Code
+and opencode do need theirs (they link the native binary), the dependencies'
+(pi's ``koffi``) are not needed.
+
+An install is skipped when the pinned version is already there: the installed
+``package.json`` (npm) or ``*.dist-info`` directory (pip) must show the
+version, and the stamp file :data:`INSTALL_STAMP` written after the last step
+must list the same pins, so a half-finished install or a changed extra pin
+installs again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import assert_never
+
+from polar.harness.errors import InstallError
+from polar.harness.package import NpmPackage, Package, PythonPackage
+
+DEFAULT_CACHE_DIR = Path(".cache/harness")
+DEFAULT_PYTHON = "python3.11"
+
+INSTALL_STAMP = ".polar-install"
+"""In an npm prefix or virtualenv: the pins of its last complete install."""
+
+
+@dataclass(frozen=True, slots=True)
+class Toolchain:
+    """The programs installs run (resolved on the caller's PATH)."""
+
+    npm: str = "npm"
+    python: str = DEFAULT_PYTHON
+    """Interpreter that creates the virtualenvs of PyPI harnesses."""
+    timeout_s: float = 900.0
+    """Limit on each install command."""
+
+
+def npm_prefix(package: NpmPackage, cache_dir: Path) -> Path:
+    return cache_dir / "npm" / package.slug
+
+
+def venv_dir(package: PythonPackage, cache_dir: Path) -> Path:
+    return cache_dir / "venvs" / package.slug
+
+
+def executable_path(package: Package, cache_dir: Path) -> Path:
+    """Where the package's command is once installed (whether or not it is)."""
+    match package:
+        case NpmPackage():
+            return npm_prefix(package, cache_dir) / "node_modules" / ".bin" / package.bin
+        case PythonPackage():
+            return venv_dir(package, cache_dir) / "bin" / package.bin
+        case _:
+            assert_never(package)
+
+
+def install_root(package: Package, cache_dir: Path) -> Path:
+    match package:
+        case NpmPackage():
+            return npm_prefix(package, cache_dir)
+        case PythonPackage():
+            return venv_dir(package, cache_dir)
+        case _:
+            assert_never(package)
+
+
+def installed_version(package: Package, cache_dir: Path) -> str | None:
+    """The version of the package completely installed in the cache, or None."""
+    if not executable_path(package, cache_dir).exists():
+        return None
+    stamp = install_root(package, cache_dir) / INSTALL_STAMP
+    try:
+        if stamp.read_text(encoding="utf-8") != _stamp(package):
+            return None
+    except OSError:
+        return None
+    match package:
+        case NpmPackage():
+            manifest = (
+                npm_prefix(package, cache_dir) / "node_modules" / package.name / "package.json"
+            )
+            try:
+                version = json.loads(manifest.read_text(encoding="utf-8")).get("version")
+            except (OSError, ValueError):
+                return None
+            return version if isinstance(version, str) else None
+        case PythonPackage():
+            venv = venv_dir(package, cache_dir)
+            if any(venv.glob(f"lib/python*/site-packages/{package.dist_info_name}")):
+                return package.version
+            return None
+        case _:
+            assert_never(package)
+
+
+def is_installed(package: Package, cache_dir: Path) -> bool:
+    """Whether exactly the pinned version is installed (and its command exists)."""
+    return installed_version(package, cache_dir) == package.version
+
+
+def install(package: Package, cache_dir: Path, toolchain: Toolchain | None = None) -> Path:
+    """Install the pinned package unless it is already there; return its command's path.
+
+    Concurrent calls for one package (several test workers, several rollouts)
+    wait for each other on a file lock instead of installing twice.
+    """
+    toolchain = toolchain or Toolchain()
+    cache_dir = cache_dir.resolve()
+    with _lock(cache_dir / "locks" / f"{package.slug}.lock"):
+        if not is_installed(package, cache_dir):
+            stamp = install_root(package, cache_dir) / INSTALL_STAMP
+            stamp.unlink(missing_ok=True)
+            match package:
+                case NpmPackage():
+                    _install_npm(package, cache_dir, toolchain)
+                case PythonPackage():
+                    _install_python(package, cache_dir, toolchain)
+                case _:
+                    assert_never(package)
+            stamp.write_text(_stamp(package), encoding="utf-8")
+            found = installed_version(package, cache_dir)
+            if found != package.version:
+                raise InstallError(
+                    f"{package.spec}: installed, but found version {found} "
+                    f"at {executable_path(package, cache_dir)}"
+                )
+    return executable_path(package, cache_dir)
+
+
+def _install_npm(package: NpmPackage, cache_dir: Path, toolchain: Toolchain) -> None:
+    prefix = npm_prefix(package, cache_dir)
+    prefix.mkdir(parents=True, exist_ok=True)
+    _run(
+        [
+            toolchain.npm, "install",
+            "--prefix", str(prefix),
+            "--cache", str(cache_dir / "npm-cache"),
+            "--save-exact", "--ignore-scripts",
+            "--no-audit", "--no-fund", "--no-update-notifier", "--loglevel=error",
+            package.spec,
+        ],
+        what=package.spec,
+        toolchain=toolchain,
+    )  # fmt: skip
+    if package.install_scripts:
+        # The scripts may run the CLI itself (opencode's checks `opencode --version`),
+        # which would create its config and data directories in the installing
+        # user's HOME; they get a throwaway one instead.
+        with tempfile.TemporaryDirectory(prefix="polar-install-home-") as home:
+            _run(
+                [
+                    toolchain.npm, "rebuild", package.name,
+                    "--prefix", str(prefix),
+                    "--cache", str(cache_dir / "npm-cache"),
+                    "--no-audit", "--no-fund", "--no-update-notifier", "--loglevel=error",
+                ],
+                what=package.spec,
+                toolchain=toolchain,
+                home=Path(home),
+            )  # fmt: skip
+
+
+def _install_python(package: PythonPackage, cache_dir: Path, toolchain: Toolchain) -> None:
+    venv = venv_dir(package, cache_dir)
+    python = venv / "bin" / "python"
+    if not python.exists():
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        _run([toolchain.python, "-m", "venv", str(venv)], what=package.spec, toolchain=toolchain)
+    _run(
+        [
+            str(python), "-m", "pip", "install",
+            "--quiet", "--disable-pip-version-check", "--no-input",
+            "--cache-dir", str(cache_dir / "pip-cache"),
+            package.spec, *package.requirements,
+        ],
+        what=package.spec,
+        toolchain=toolchain,
+    )  # fmt: skip
+
+
+def _stamp(package: Package) -> str:
+    extra = package.requirements if isinstance(package, PythonPackage) else ()
+    return "\n".join((package.spec, *extra)) + "\n"
+
+
+def _run(argv: list[str], *, what: str, toolchain: Toolchain, home: Path | None = None) -> None:
+    """Run one install command; ``home`` replaces HOME (and the XDG dirs) for it."""
+    command = argv
+    if home is not None:
+        command = [
+            "env", f"HOME={home}", f"XDG_CONFIG_HOME={home}/.config",
+            f"XDG_DATA_HOME={home}/.local/share", f"XDG_STATE_HOME={home}/.local/state",
+            f"XDG_CACHE_HOME={home}/.cache", *argv,
+        ]  # fmt: skip
+    try:
+        done = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=toolchain.timeout_s,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise InstallError(f"{what}: {argv[0]} not found") from None
+    except subprocess.TimeoutExpired:
+        raise InstallError(
+            f"{what}: {argv[0]} took longer than {toolchain.timeout_s:g} s"
+        ) from None
+    if done.returncode != 0:
+        raise InstallError(
+            f"{what}: `{' '.join(argv[:3])} ...` exited with {done.returncode}: "
+            f"{_last_line(done.stderr) or _last_line(done.stdout) or 'no output'}"
+        )
+
+
+def _last_line(text: str) -> str:
+    """The last meaningful line of a tool's output (skipping warnings where possible)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if "ERR" in line or "rror" in line]
+    return (errors or lines or [""])[-1][:300]
+
+
+@contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

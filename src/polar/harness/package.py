@@ -1,0 +1,70 @@
+"""What a harness CLI is installed from: an npm package or a PyPI package, pinned exactly.
+
+Pure data; :mod:`polar.harness.install` puts them into the project cache.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class NpmPackage:
+    """A CLI published on npm, installed with ``npm install --prefix``.
+
+    ``bin`` is the command the package links into ``node_modules/.bin``.
+    ``install_scripts``: the package's own install scripts must run (Claude
+    Code's and opencode's postinstall put the native binary from the platform
+    package in place of a stub that only prints an error); scripts of its
+    dependencies never run.
+    """
+
+    name: str
+    version: str
+    bin: str
+    install_scripts: bool = False
+    kind: Literal["npm"] = "npm"
+
+    @property
+    def slug(self) -> str:
+        """A directory name for this package: ``@openai/codex`` -> ``openai-codex``."""
+        return self.name.removeprefix("@").replace("/", "-")
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+@dataclass(frozen=True, slots=True)
+class PythonPackage:
+    """A CLI published on PyPI, installed into its own virtualenv.
+
+    ``requirements`` are further exact pins installed along with it (the
+    libraries that decide what goes on the wire, pinned so that a run is
+    reproducible even though the package itself pins loosely).
+    """
+
+    name: str
+    version: str
+    bin: str
+    requirements: tuple[str, ...] = ()
+    kind: Literal["python"] = "python"
+
+    @property
+    def slug(self) -> str:
+        return self.name
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}=={self.version}"
+
+    @property
+    def dist_info_name(self) -> str:
+        """The ``*.dist-info`` directory pip writes for this exact version."""
+        normalized = re.sub(r"[-_.]+", "_", self.name).lower()
+        return f"{normalized}-{self.version}.dist-info"
+
+
+Package = NpmPackage | PythonPackage

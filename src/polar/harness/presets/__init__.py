@@ -1,0 +1,1 @@
+"""The built-in harness presets, one module per agent CLI."""

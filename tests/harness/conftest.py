@@ -1,0 +1,61 @@
+"""Fixtures for harness tests: the project's harness cache, installed on demand."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polar.harness import DEFAULT_CACHE_DIR, Harness, RunSpec, install
+
+CACHE_DIR = Path(__file__).resolve().parents[2] / DEFAULT_CACHE_DIR
+"""The project's harness cache (what ``polar harness install`` fills by default)."""
+
+
+@pytest.fixture(scope="session")
+def harness_cache() -> Path:
+    return CACHE_DIR
+
+
+@pytest.fixture(scope="session")
+def installed() -> Callable[[Harness], Path]:
+    """Install a harness's pinned CLI into the project cache (once per session); its path.
+
+    The first install downloads from npm/PyPI (a minute or two); later sessions
+    find it in ``.cache/harness`` and take milliseconds.
+    """
+    done: dict[str, Path] = {}
+
+    def get(harness: Harness) -> Path:
+        assert harness.package is not None
+        if harness.name not in done:
+            done[harness.name] = install(harness.package, CACHE_DIR)
+        return done[harness.name]
+
+    return get
+
+
+@pytest.fixture
+def make_spec(tmp_path: Path) -> Callable[..., RunSpec]:
+    """A RunSpec with a fresh HOME and workdir under the test's tmp_path."""
+
+    def make(**fields: Any) -> RunSpec:
+        workdir = tmp_path / "work"
+        workdir.mkdir(exist_ok=True)
+        values: dict[str, Any] = {
+            "gateway_url": "http://127.0.0.1:8000",
+            "api_key": "sk-polar-test-key-9f2c",
+            "model": "policy",
+            "instruction": "Write polar into proof.txt",
+            "workdir": workdir,
+            "home": tmp_path / "home",
+            "timeout_s": 120.0,
+            "path": os.environ.get("PATH", ""),
+            **fields,
+        }
+        return RunSpec(**values)
+
+    return make
