@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from polar.assets import QWEN3_TOKENIZER_DIR
-from polar.proxy.engines.scripted import Script
+from polar.proxy.engines.scripted import Script, SessionScripts, script_from_dict
 from polar.proxy.engines.scripted.server import load_tokenizer
 
 from support.paths import FIXTURES, REPO, SHARED
@@ -28,9 +28,9 @@ def make_stack(tmp_path: Path, tokenizer: Any) -> Iterator[Callable[..., Stack]]
     """Start scripted engine + gateway stacks; all are stopped after the test."""
     stacks: list[Stack] = []
 
-    def make(script: Script | dict[str, Any], **options: Any) -> Stack:
+    def make(script: Script | SessionScripts | dict[str, Any], **options: Any) -> Stack:
         if isinstance(script, dict):
-            script = Script.from_dict(script)
+            script = script_from_dict(script)
         stack = Stack(tmp_path / f"stack{len(stacks)}", tokenizer, script, **options)
         stacks.append(stack)
         return stack

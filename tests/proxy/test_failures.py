@@ -152,7 +152,7 @@ def test_engine_5xx_becomes_502_and_script_mismatch_is_loud(make_stack: Any) -> 
     sid, key = stack.new_session()
     with stack.client(key) as client:
         reply = client.post("/v1/chat/completions", json={"model": "m", "messages": USER})
-    assert_openai_error(reply, 502, "does not match its script")
+    assert_openai_error(reply, 502, "does not match the script")
     assert len(stack.engine.failures) == 1
     (record,) = stack.records(sid)
     assert record.status is RecordStatus.FAILED

@@ -12,7 +12,7 @@ from openai import OpenAI
 from polar.ir import CompletionRecord
 from polar.proxy.app import create_app
 from polar.proxy.config import GatewayConfig
-from polar.proxy.engines.scripted import Script, ScriptedEngine
+from polar.proxy.engines.scripted import Script, ScriptedEngine, SessionScripts
 from polar.proxy.gateway import Gateway
 from polar.proxy.store import SqliteStore
 from polar.serverthread import ServerThread
@@ -38,7 +38,7 @@ class Stack:
         self,
         root: Path,
         tokenizer: Any,
-        script: Script,
+        script: Script | SessionScripts,
         *,
         wire: str = "vllm",
         token_delay_s: float = 0.0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from polar.cli import demo, engine, gateway, harness, model, records
+from polar.cli import build, demo, engine, gateway, harness, model, records
 
 app = typer.Typer(
     name="polar",
@@ -16,6 +16,7 @@ app = typer.Typer(
 )
 app.command("gateway")(gateway.gateway)
 app.command("records")(records.records)
+app.command("build")(build.build)
 app.command("demo")(demo.demo)
 app.add_typer(model.app, name="model")
 app.add_typer(engine.app, name="engine")

@@ -72,11 +72,11 @@ def scripted(
     """Serve a scripted model with vLLM's wire format (for tests and demos)."""
     import uvicorn
 
-    from polar.proxy.engines.scripted import Script, ScriptedEngine, ScriptError
+    from polar.proxy.engines.scripted import ScriptedEngine, ScriptError, load_script
     from polar.proxy.engines.scripted.server import load_tokenizer
 
     try:
-        parsed = Script.from_file(script)
+        parsed = load_script(script)
     except ScriptError as exc:
         fail("engine scripted", str(exc))
     configure_logging("info")

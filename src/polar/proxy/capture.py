@@ -29,7 +29,7 @@ from polar.ir import (
     PromptTokens,
     TokenLogprob,
 )
-from polar.proxy.engines.base import ChatEngine, TokenEngine, TokenRequest
+from polar.proxy.engines.base import NO_HEADERS, ChatEngine, Headers, TokenEngine, TokenRequest
 from polar.proxy.render.parse import OutputParser, ParserOptions, Piece
 from polar.proxy.render.splice import Transcript, plan_prompt
 from polar.proxy.render.template import ChatTemplate
@@ -54,7 +54,9 @@ class Capture(Protocol):
     @property
     def model(self) -> str: ...
 
-    def prepare(self, request: ChatRequest, transcript: Transcript) -> PreparedCall: ...
+    def prepare(
+        self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
+    ) -> PreparedCall: ...
 
     async def count_tokens(self, request: ChatRequest) -> int:
         """Prompt tokens the request would take (no splicing, no call made)."""
@@ -77,8 +79,10 @@ class EngineRendered:
     def model(self) -> str:
         return self.engine.model
 
-    def prepare(self, request: ChatRequest, transcript: Transcript) -> PreparedCall:
-        call = self.engine.prepare(request)
+    def prepare(
+        self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
+    ) -> PreparedCall:
+        call = self.engine.prepare(request, headers=headers)
         return PreparedCall(body=call.body, events=call.events)
 
     async def count_tokens(self, request: ChatRequest) -> int:
@@ -118,7 +122,9 @@ class GatewayRendered:
         )
         return len(ids)
 
-    def prepare(self, request: ChatRequest, transcript: Transcript) -> PreparedCall:
+    def prepare(
+        self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
+    ) -> PreparedCall:
         plan = plan_prompt(
             self.template,
             request.messages,
@@ -137,7 +143,8 @@ class GatewayRendered:
                 stream=request.stream,
                 stop_token_ids=self._stops,
                 top_logprobs=request.top_logprobs,
-            )
+            ),
+            headers=headers,
         )
         prepared = PreparedCall(
             body=call.body, events=self._parse(plan.ids, call.events, parser), lineage=plan.lineage

@@ -44,6 +44,7 @@ from polar.ir import (
     Usage,
 )
 from polar.proxy.capture import Capture, PreparedCall
+from polar.proxy.engines.base import SESSION_HEADER
 from polar.proxy.errors import EngineError, EngineProtocolError
 from polar.proxy.gate import Gate
 from polar.proxy.render.splice import PastCall, Transcripts, lineage_of
@@ -147,7 +148,14 @@ class Relay:
             attempt = 0
             while True:
                 attempt += 1
-                engine_call = self.capture.prepare(call.request, transcript)
+                engine_call = self.capture.prepare(
+                    call.request,
+                    transcript,
+                    headers={
+                        SESSION_HEADER: call.session.id,
+                        "x-request-id": f"{call.session.id}/{seq}.{attempt}",
+                    },
+                )
                 acc = Accumulator()
                 timings = {"engine_started": time.time(), "first_token": None}
 

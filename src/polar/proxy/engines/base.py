@@ -7,11 +7,20 @@ the exact JSON body it will send (recorded verbatim) and an async iterator of
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from polar.ir import ChatRequest, EngineEvent, JsonObject, Sampling
+
+Headers = Mapping[str, str]
+NO_HEADERS: Headers = MappingProxyType({})
+
+SESSION_HEADER = "x-polar-session"
+"""The header naming the session on every engine request the gateway makes
+(``x-request-id`` names the record, ``session/seq.attempt``): for engine logs,
+and the scripted engine's per-session scripts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +44,11 @@ class ChatEngine(Protocol):
         """The model name the engine serves; requests are rewritten to it."""
         ...
 
-    def prepare(self, request: ChatRequest) -> EngineCall:
+    def prepare(self, request: ChatRequest, *, headers: Headers = NO_HEADERS) -> EngineCall:
         """Build the call. Raises :class:`~polar.proxy.errors.InvalidRequest` for
-        requests this engine cannot serve; talks to the network only when iterated."""
+        requests this engine cannot serve; talks to the network only when iterated.
+        ``headers`` go on the HTTP request (the gateway tags calls with their
+        session and record key)."""
         ...
 
     async def count_tokens(self, request: ChatRequest) -> int:
@@ -72,6 +83,6 @@ class TokenEngine(Protocol):
     @property
     def model(self) -> str: ...
 
-    def prepare(self, request: TokenRequest) -> EngineCall: ...
+    def prepare(self, request: TokenRequest, *, headers: Headers = NO_HEADERS) -> EngineCall: ...
 
     async def aclose(self) -> None: ...

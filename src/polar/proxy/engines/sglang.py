@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from polar.ir import ChatRequest, EngineEvent, Finish, PromptTokens
-from polar.proxy.engines.base import EngineCall
+from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers
 from polar.proxy.engines.openai_compat import (
     chat_body,
     delta_from_message,
@@ -67,7 +67,7 @@ class SglangChatEngine:
         )
         return max(1, len(orjson.dumps({"m": body["messages"], "t": body.get("tools")})) // 4)
 
-    def prepare(self, request: ChatRequest) -> EngineCall:
+    def prepare(self, request: ChatRequest, *, headers: Headers = NO_HEADERS) -> EngineCall:
         body = chat_body(
             request,
             model=self._model,
@@ -84,10 +84,12 @@ class SglangChatEngine:
         body["return_prompt_token_ids"] = True
         body["return_meta_info"] = True
         body["separate_reasoning"] = True
-        return EngineCall(body=body, events=self._once(body))
+        return EngineCall(body=body, events=self._once(body, headers))
 
-    async def _once(self, body: dict[str, Any]) -> AsyncGenerator[EngineEvent, None]:
-        reply = await self._transport.post_json(CHAT_PATH, body)
+    async def _once(
+        self, body: dict[str, Any], headers: Headers
+    ) -> AsyncGenerator[EngineEvent, None]:
+        reply = await self._transport.post_json(CHAT_PATH, body, headers)
         for event in parse_reply(reply):
             yield event
 

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from polar.ir import Delta, EngineEvent, Finish, Usage
-from polar.proxy.engines.base import EngineCall, TokenRequest
+from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers, TokenRequest
 from polar.proxy.engines.openai_compat import finish_reason
 from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.errors import EngineProtocolError
@@ -76,15 +76,17 @@ class SglangTokenEngine:
     async def aclose(self) -> None:
         await self._transport.aclose()
 
-    def prepare(self, request: TokenRequest) -> EngineCall:
+    def prepare(self, request: TokenRequest, *, headers: Headers = NO_HEADERS) -> EngineCall:
         body = generate_body(request)
-        return EngineCall(body=body, events=self._run(body))
+        return EngineCall(body=body, events=self._run(body, headers))
 
-    async def _run(self, body: dict[str, Any]) -> AsyncGenerator[EngineEvent, None]:
+    async def _run(
+        self, body: dict[str, Any], headers: Headers
+    ) -> AsyncGenerator[EngineEvent, None]:
         sent = 0
         meta: dict[str, Any] = {}
         if body["stream"]:
-            async for sse in self._transport.stream_sse(GENERATE_PATH, body):
+            async for sse in self._transport.stream_sse(GENERATE_PATH, body, headers):
                 if sse.data == b"[DONE]":
                     break
                 try:
@@ -100,7 +102,7 @@ class SglangTokenEngine:
                 if delta.token_ids:
                     yield delta
         else:
-            reply = await self._transport.post_json(GENERATE_PATH, body)
+            reply = await self._transport.post_json(GENERATE_PATH, body, headers)
             meta = reply.get("meta_info") or {}
             delta, sent = _new_part(reply, meta, 0)
             yield delta

@@ -4,7 +4,7 @@ place where transport failures become :class:`~polar.proxy.errors.EngineError`."
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,10 +122,14 @@ class EngineTransport:
     async def aclose(self) -> None:
         await self._pool.aclose()
 
-    async def post_json(self, path: str, body: Any) -> Any:
+    async def post_json(
+        self, path: str, body: Any, headers: Mapping[str, str] | None = None
+    ) -> Any:
         """POST a JSON body, return the decoded JSON reply."""
         with _mapped_errors(path):
-            response = await self._pool.request("POST", path, orjson.dumps(body), {})
+            response = await self._pool.request(
+                "POST", path, orjson.dumps(body), dict(headers or {})
+            )
             content = await response.read()
         if response.status >= 400:
             raise _http_error(response.status, content)
@@ -134,7 +138,9 @@ class EngineTransport:
         except orjson.JSONDecodeError as exc:
             raise EngineProtocolError(f"engine sent invalid JSON from {path}: {exc}") from exc
 
-    async def stream_sse(self, path: str, body: Any) -> AsyncIterator[SSEEvent]:
+    async def stream_sse(
+        self, path: str, body: Any, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[SSEEvent]:
         """POST a JSON body and yield the reply's server-sent events as they arrive.
 
         An HTTP error status is raised before the first event. Closing the
@@ -143,7 +149,10 @@ class EngineTransport:
         """
         with _mapped_errors(path):
             response = await self._pool.request(
-                "POST", path, orjson.dumps(body), {"accept": "text/event-stream"}
+                "POST",
+                path,
+                orjson.dumps(body),
+                {**(headers or {}), "accept": "text/event-stream"},
             )
         if response.status >= 400:
             with _mapped_errors(path):

@@ -24,7 +24,7 @@ from polar.ir import (
     PromptTokens,
     TokenLogprob,
 )
-from polar.proxy.engines.base import EngineCall
+from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers
 from polar.proxy.engines.openai_compat import (
     chat_body,
     delta_from_message,
@@ -83,7 +83,7 @@ class VllmChatEngine:
         except (KeyError, TypeError, ValueError):
             raise EngineProtocolError("engine /tokenize reply has no count") from None
 
-    def prepare(self, request: ChatRequest) -> EngineCall:
+    def prepare(self, request: ChatRequest, *, headers: Headers = NO_HEADERS) -> EngineCall:
         body = chat_body(
             request,
             model=self._model,
@@ -101,19 +101,21 @@ class VllmChatEngine:
         details = request.top_logprobs is not None
         if request.stream:
             body["stream_options"] = {"include_usage": True}
-            return EngineCall(body=body, events=self._stream(body, details))
-        return EngineCall(body=body, events=self._once(body, details))
+            return EngineCall(body=body, events=self._stream(body, details, headers))
+        return EngineCall(body=body, events=self._once(body, details, headers))
 
-    async def _once(self, body: dict[str, Any], details: bool) -> AsyncGenerator[EngineEvent, None]:
-        reply = await self._transport.post_json(CHAT_PATH, body)
+    async def _once(
+        self, body: dict[str, Any], details: bool, headers: Headers
+    ) -> AsyncGenerator[EngineEvent, None]:
+        reply = await self._transport.post_json(CHAT_PATH, body, headers)
         for event in parse_reply(reply, details=details):
             yield event
 
     async def _stream(
-        self, body: dict[str, Any], details: bool
+        self, body: dict[str, Any], details: bool, headers: Headers
     ) -> AsyncGenerator[EngineEvent, None]:
         reader = StreamReader(details=details)
-        async for sse in self._transport.stream_sse(CHAT_PATH, body):
+        async for sse in self._transport.stream_sse(CHAT_PATH, body, headers):
             for event in reader.feed(sse.data):
                 yield event
         yield reader.finish()

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from polar.ir import Delta, EngineEvent, Finish, FinishReason, TokenLogprob, TopLogprob
-from polar.proxy.engines.base import EngineCall, TokenRequest
+from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers, TokenRequest
 from polar.proxy.engines.openai_compat import finish_reason, usage
 from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.errors import EngineProtocolError
@@ -98,14 +98,20 @@ class VllmTokenEngine:
     async def aclose(self) -> None:
         await self._transport.aclose()
 
-    def prepare(self, request: TokenRequest) -> EngineCall:
+    def prepare(self, request: TokenRequest, *, headers: Headers = NO_HEADERS) -> EngineCall:
         body = completion_body(request, model=self._model)
         details = request.top_logprobs is not None
-        events = self._stream(body, details) if request.stream else self._once(body, details)
+        events = (
+            self._stream(body, details, headers)
+            if request.stream
+            else self._once(body, details, headers)
+        )
         return EngineCall(body=body, events=events)
 
-    async def _once(self, body: dict[str, Any], details: bool) -> AsyncGenerator[EngineEvent, None]:
-        reply = await self._transport.post_json(COMPLETIONS_PATH, body)
+    async def _once(
+        self, body: dict[str, Any], details: bool, headers: Headers
+    ) -> AsyncGenerator[EngineEvent, None]:
+        reply = await self._transport.post_json(COMPLETIONS_PATH, body, headers)
         try:
             choice = reply["choices"][0]
         except (KeyError, IndexError, TypeError):
@@ -125,14 +131,14 @@ class VllmTokenEngine:
         )
 
     async def _stream(
-        self, body: dict[str, Any], details: bool
+        self, body: dict[str, Any], details: bool, headers: Headers
     ) -> AsyncGenerator[EngineEvent, None]:
         reason: FinishReason | None = None
         matched: Any = None
         raw_usage: Any = None
         produced = 0
         done = False
-        async for sse in self._transport.stream_sse(COMPLETIONS_PATH, body):
+        async for sse in self._transport.stream_sse(COMPLETIONS_PATH, body, headers):
             if sse.data == b"[DONE]":
                 done = True
                 break

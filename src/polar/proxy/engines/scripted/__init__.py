@@ -5,7 +5,28 @@ token a deterministic logprob, and answers exactly as vLLM does. A request that
 does not match the script gets a loud HTTP 500 and is kept in ``failures``.
 """
 
-from polar.proxy.engines.scripted.script import Expect, Script, ScriptedCall, ScriptError, Turn
+from polar.proxy.engines.base import SESSION_HEADER
+from polar.proxy.engines.scripted.script import (
+    Expect,
+    Script,
+    ScriptedCall,
+    ScriptError,
+    SessionScripts,
+    Turn,
+    load_script,
+    script_from_dict,
+)
 from polar.proxy.engines.scripted.server import ScriptedEngine
 
-__all__ = ["Expect", "Script", "ScriptError", "ScriptedCall", "ScriptedEngine", "Turn"]
+__all__ = [
+    "SESSION_HEADER",
+    "Expect",
+    "Script",
+    "ScriptError",
+    "ScriptedCall",
+    "ScriptedEngine",
+    "SessionScripts",
+    "Turn",
+    "load_script",
+    "script_from_dict",
+]

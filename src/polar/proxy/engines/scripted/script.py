@@ -269,15 +269,60 @@ class Script:
 
     @classmethod
     def from_file(cls, path: Path) -> Script:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ScriptError(f"{path}: cannot read ({exc.strerror})") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise ScriptError(f"{path}: not valid YAML or JSON") from None
-        try:
-            return cls.from_dict(data)
-        except ScriptError as exc:
-            raise ScriptError(f"{path}: {exc}") from None
+        script = load_script(path)
+        if not isinstance(script, Script):
+            raise ScriptError(f"{path}: holds per-session scripts, not one script")
+        return script
+
+
+@dataclass(frozen=True, slots=True)
+class SessionScripts:
+    """One script per session, for engines serving several sessions at once.
+
+    The first request of a session (named by the gateway's ``x-polar-session``
+    header) takes the next unused script, in order; that session's later
+    requests follow it. A request without the header, or of one session more
+    than there are scripts, is a mismatch.
+    """
+
+    scripts: tuple[Script, ...]
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SessionScripts:
+        if not isinstance(data, dict) or not isinstance(data.get("sessions"), list):
+            raise ScriptError("per-session scripts are a mapping with a 'sessions' list")
+        unknown = set(data) - {"sessions"}
+        if unknown:
+            raise ScriptError(f"unknown fields {sorted(unknown)}")
+        scripts = []
+        for i, raw in enumerate(data["sessions"]):
+            try:
+                scripts.append(Script.from_dict(raw))
+            except ScriptError as exc:
+                raise ScriptError(f"sessions[{i}]: {exc}") from None
+        if not scripts:
+            raise ScriptError("'sessions' is empty")
+        return cls(tuple(scripts))
+
+
+def script_from_dict(data: Any) -> Script | SessionScripts:
+    """A script (``{turns: ...}``) or per-session scripts (``{sessions: [...]}``)."""
+    if isinstance(data, dict) and "sessions" in data:
+        return SessionScripts.from_dict(data)
+    return Script.from_dict(data)
+
+
+def load_script(path: Path) -> Script | SessionScripts:
+    """Read a script file (YAML or JSON)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScriptError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ScriptError(f"{path}: not valid YAML or JSON") from None
+    try:
+        return script_from_dict(data)
+    except ScriptError as exc:
+        raise ScriptError(f"{path}: {exc}") from None

@@ -17,8 +17,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from polar.proxy.engines.base import SESSION_HEADER
 from polar.proxy.engines.scripted import sglang_wire, vllm_wire
-from polar.proxy.engines.scripted.script import ObservedRequest, Script, Turn
+from polar.proxy.engines.scripted.script import ObservedRequest, Script, SessionScripts, Turn
 from polar.serverthread import ServerThread
 
 
@@ -31,9 +32,12 @@ def load_tokenizer(path: Path) -> Any:
 
 @dataclass(slots=True)
 class _State:
-    position: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    positions: dict[str | None, int] = field(default_factory=dict)
+    """Turns used, per session (``None``: the one script of a single-script engine)."""
+    assigned: dict[str, int] = field(default_factory=dict)
+    """Per-session scripts: session -> index of the script it follows."""
 
 
 class ScriptMismatch(Exception):
@@ -55,7 +59,8 @@ def _error(message: str, status: int, kind: str) -> Response:
 
 
 class ScriptedEngine:
-    """A vLLM look-alike that replays ``script``.
+    """A vLLM look-alike that replays ``script`` (one script for every request,
+    or :class:`SessionScripts`: one per session, keyed by :data:`SESSION_HEADER`).
 
     Use it as a context manager (it starts a server on a free port) or mount
     :attr:`app` yourself. ``token_delay_s`` paces streamed tokens, for tests
@@ -64,7 +69,7 @@ class ScriptedEngine:
 
     def __init__(
         self,
-        script: Script,
+        script: Script | SessionScripts,
         tokenizer: Any,
         *,
         model: str = "scripted",
@@ -127,39 +132,76 @@ class ScriptedEngine:
             return list(self._state.requests)
 
     @property
-    def remaining(self) -> int:
+    def assignments(self) -> dict[str, int]:
+        """Per-session scripts: which script each session got (session -> index)."""
         with self._lock:
-            return len(self.script.turns) - self._state.position
+            return dict(self._state.assigned)
+
+    @property
+    def remaining(self) -> int:
+        """Scripted turns not used yet (cycling scripts count none)."""
+        with self._lock:
+            if isinstance(self.script, Script):
+                pairs = [(self.script, self._state.positions.get(None, 0))]
+            else:
+                by_index = {i: s for s, i in self._state.assigned.items()}
+                pairs = [
+                    (script, self._state.positions.get(by_index[i], 0) if i in by_index else 0)
+                    for i, script in enumerate(self.script.scripts)
+                ]
+            return sum(len(s.turns) - used for s, used in pairs if not s.cycle)
 
     def assert_clean(self, *, finished: bool = True) -> None:
         """Raise if any request mismatched, or (``finished``) turns were left unused."""
         failures = self.failures
         if failures:
             raise AssertionError("scripted engine saw mismatches:\n" + "\n".join(failures))
-        if finished and not self.script.cycle and self.remaining:
+        if finished and self.remaining:
             raise AssertionError(f"scripted engine has {self.remaining} unused turns")
 
     # ---------------------------------------------------------------- script
 
-    def _next_turn(self, body: dict[str, Any], seen: ObservedRequest) -> Turn:
+    def _script_for(self, session: str | None) -> tuple[Script, str | None, str]:
+        """(script, state key, how to name it in messages); lock held."""
+        if isinstance(self.script, Script):
+            return self.script, None, "the script"
+        if session is None:
+            raise ScriptMismatch(f"per-session scripts need the {SESSION_HEADER} header")
+        index = self._state.assigned.get(session)
+        if index is None:
+            index = len(self._state.assigned)
+            if index >= len(self.script.scripts):
+                raise ScriptMismatch(
+                    f"session {session} is session {index + 1}, "
+                    f"but there are only {len(self.script.scripts)} session scripts"
+                )
+            self._state.assigned[session] = index
+        return self.script.scripts[index], session, f"session script {index}"
+
+    def _next_turn(self, body: dict[str, Any], seen: ObservedRequest, session: str | None) -> Turn:
         with self._lock:
             self._state.requests.append(body)
-            side = self.script.side_reply(seen)
+            try:
+                script, key, name = self._script_for(session)
+            except ScriptMismatch as exc:
+                self._state.failures.append(str(exc))
+                raise
+            side = script.side_reply(seen)
             if side is not None:
                 return side
-            index = self._state.position
-            turns = self.script.turns
-            if index >= len(turns) and not self.script.cycle:
-                message = f"request {index + 1} arrived but the script has only {len(turns)} turns"
+            index = self._state.positions.get(key, 0)
+            turns = script.turns
+            if index >= len(turns) and not script.cycle:
+                message = f"request {index + 1} arrived but {name} has only {len(turns)} turns"
                 self._state.failures.append(message)
                 raise ScriptMismatch(message)
             turn = turns[index % len(turns)]
             problems = turn.expect.problems(seen) if turn.expect else []
             if problems:
-                message = f"request {index + 1} does not match its script: " + "; ".join(problems)
+                message = f"request {index + 1} does not match {name}: " + "; ".join(problems)
                 self._state.failures.append(message)
                 raise ScriptMismatch(message)
-            self._state.position += 1
+            self._state.positions[key] = index + 1
             return turn
 
     def _fail(self, message: str) -> Response:
@@ -228,7 +270,7 @@ class ScriptedEngine:
             tool_names=tuple((t.get("function") or {}).get("name", "") for t in tools),
         )
         try:
-            turn = self._next_turn(body, seen)
+            turn = self._next_turn(body, seen, request.headers.get(SESSION_HEADER))
         except ScriptMismatch as exc:
             return _error(f"scripted engine: {exc}", 500, "ScriptMismatch")
         if body.get("stop"):
@@ -265,7 +307,11 @@ class ScriptedEngine:
     # ---------------------------------------------------------------- token in
 
     def _token_turn(
-        self, body: dict[str, Any], prompt: list[int], max_tokens: int | None
+        self,
+        body: dict[str, Any],
+        prompt: list[int],
+        max_tokens: int | None,
+        session: str | None,
     ) -> tuple[Turn, vllm_wire.Generation]:
         """Check a token-in request against the script; sample the scripted turn."""
         if not prompt or not all(isinstance(i, int) for i in prompt):
@@ -274,7 +320,7 @@ class ScriptedEngine:
             prompt_ids=tuple(prompt),
             prompt_text=self.tokenizer.decode(prompt, skip_special_tokens=False),
         )
-        turn = self._next_turn(body, seen)
+        turn = self._next_turn(body, seen, session)
         if turn.max_tokens is not None:
             max_tokens = min(max_tokens or turn.max_tokens, turn.max_tokens)
         try:
@@ -299,7 +345,9 @@ class ScriptedEngine:
         if not isinstance(prompt, list):
             return self._fail("the scripted engine takes token-id prompts on /v1/completions")
         try:
-            turn, gen = self._token_turn(body, prompt, body.get("max_tokens"))
+            turn, gen = self._token_turn(
+                body, prompt, body.get("max_tokens"), request.headers.get(SESSION_HEADER)
+            )
         except ScriptMismatch as exc:
             return _error(f"scripted engine: {exc}", 500, "ScriptMismatch")
         stops = list(body.get("stop_token_ids") or ())
@@ -389,7 +437,12 @@ class ScriptedEngine:
             return self._fail("the scripted engine takes input_ids on /generate")
         params = body.get("sampling_params") or {}
         try:
-            turn, gen = self._token_turn(body, prompt, params.get("max_new_tokens", 128))
+            turn, gen = self._token_turn(
+                body,
+                prompt,
+                params.get("max_new_tokens", 128),
+                request.headers.get(SESSION_HEADER),
+            )
         except ScriptMismatch as exc:
             return _json({"error": {"message": f"scripted engine: {exc}"}}, 400)
         rid = secrets.token_hex(16)
