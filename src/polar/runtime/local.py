@@ -1,0 +1,256 @@
+"""The ``local`` runtime: the session directory on this machine.
+
+``sandbox: true`` (the default) runs every command in one bubblewrap sandbox
+per runtime (see :mod:`polar.runtime.bubblewrap` for why and how): only the
+system directories, the session directory, the spec's mounts and binds are
+visible; the network is the policy's (with ``gateway_only`` the gateway is
+relayed in, :mod:`polar.runtime.relay`); ``cpus``, ``memory_mb`` and ``pids``
+are enforced through a cgroup (:mod:`polar.runtime.cgroups`) or refused.
+
+``sandbox: false`` runs plain host processes (no filesystem or network
+isolation, no limits: for trusted commands and machines without bubblewrap);
+it accepts only ``network: host``.
+
+In both modes each command runs under a supervisor that kills the command's
+whole process tree, even processes that left its process group, when it
+exits, times out or is cancelled (:mod:`polar.runtime.commands`). A command's
+background processes therefore do not outlive it.
+
+Options: ``python`` (the interpreter that runs Polar's helper inside the
+sandbox; it must lie under a mounted directory; default ``/usr/bin/python3``),
+``bwrap`` (default ``bwrap`` on the PATH), ``cgroup_root`` (where the
+sandbox's cgroup is created; default: see :mod:`polar.runtime.cgroups`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from polar.runtime import cgroups, inside, layout, statedir
+from polar.runtime.base import (
+    ExecResult,
+    GatewayAddress,
+    NetworkPolicy,
+    OutputHandler,
+    RuntimeSpec,
+)
+from polar.runtime.bubblewrap import BwrapSandbox, bwrap_argv, cgroup_wrapper
+from polar.runtime.commands import Commands, Pipes, Supervisor
+from polar.runtime.errors import RuntimeNotStarted, RuntimeStartError, UnsupportedSpec
+from polar.runtime.relay import GatewayRelay
+from polar.runtime.statedir import StateDir, copy_path
+
+OPTIONS = frozenset({"python", "bwrap", "cgroup_root"})
+DEFAULT_PYTHON = "/usr/bin/python3"
+
+
+class LocalRuntime:
+    def __init__(
+        self, spec: RuntimeSpec, session_dir: Path, gateway: GatewayAddress | None
+    ) -> None:
+        unknown = sorted(set(spec.options) - OPTIONS)
+        if unknown:
+            raise UnsupportedSpec(
+                f"local runtime: unknown options {unknown}; known: {sorted(OPTIONS)}"
+            )
+        self._spec = spec
+        self._session_dir = session_dir.resolve()
+        self._gateway = gateway
+        self._limits = cgroups.Limits(spec.cpus, spec.memory_mb, spec.pids)
+        root = spec.options.get("cgroup_root")
+        self._cgroup_root = None if root is None else Path(root)
+        self._python = spec.options.get("python", DEFAULT_PYTHON)
+        if not spec.sandbox:
+            if spec.network is not NetworkPolicy.HOST:
+                raise UnsupportedSpec(
+                    f"local runtime without a sandbox cannot restrict the network "
+                    f"(network: {spec.network.value}); use network: host or sandbox: true"
+                )
+            if spec.binds:
+                raise UnsupportedSpec("local runtime without a sandbox cannot bind paths")
+            if self._limits.any:
+                raise UnsupportedSpec("local runtime without a sandbox cannot enforce limits")
+        elif self._limits.any:
+            cgroups.check(self._cgroup_root, self._limits)
+        self._backings = layout.bind_backings(self._session_dir, spec.binds)
+        self._started = False
+        self._stopped = False
+        self._state: StateDir | None = None
+        self._relay: GatewayRelay | None = None
+        self._cgroup: cgroups.Cgroup | None = None
+        self._sandbox: BwrapSandbox | None = None
+        self._commands = Commands(self._launch)
+
+    @property
+    def spec(self) -> RuntimeSpec:
+        return self._spec
+
+    @property
+    def session_dir(self) -> Path:
+        return self._session_dir
+
+    @property
+    def workdir(self) -> str:
+        return self._spec.workdir or str(self._session_dir / "workspace")
+
+    @property
+    def gateway_url(self) -> str | None:
+        if self._gateway is None or self._spec.network is NetworkPolicy.NONE:
+            return None
+        if self._spec.network is NetworkPolicy.GATEWAY_ONLY:
+            if self._sandbox is None:
+                return None
+            return f"http://127.0.0.1:{self._sandbox.port}"
+        return f"http://{self._gateway.host}:{self._gateway.port}"
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        layout.prepare(self._session_dir, self._backings)
+        if self._spec.sandbox:
+            await self._start_sandbox()
+        self._started = True
+
+    def _bwrap(self) -> str:
+        bwrap = shutil.which(self._spec.options.get("bwrap", "bwrap"))
+        if bwrap is None:
+            raise RuntimeStartError(
+                "bubblewrap (bwrap) is not installed; run scripts/setup --sandbox "
+                "or use sandbox: false"
+            )
+        if not Path(self._python).is_file():
+            raise RuntimeStartError(
+                f"the sandbox needs a python3 at {self._python} for Polar's helper "
+                "(set options.python)"
+            )
+        return bwrap
+
+    async def _start_sandbox(self) -> None:
+        bwrap = self._bwrap()
+        self._state = StateDir.create()
+        try:
+            forward = self._spec.network is NetworkPolicy.GATEWAY_ONLY and self._gateway is not None
+            if forward and self._gateway is not None:
+                self._relay = GatewayRelay(self._state.socket, self._gateway)
+                await self._relay.start()
+            if self._limits.any:
+                self._cgroup = cgroups.create(self._cgroup_root, self._limits)
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            argv = bwrap_argv(
+                bwrap=bwrap,
+                python=self._python,
+                session_dir=self._session_dir,
+                mounts=self._spec.mounts,
+                binds=self._backings,
+                state=self._state,
+                network=self._spec.network,
+                control_fd=child.fileno(),
+                forward=forward,
+                unprivileged=os.geteuid() != 0,
+            )
+            if self._cgroup is not None:
+                argv = cgroup_wrapper(self._cgroup, argv)
+            try:
+                self._sandbox = await BwrapSandbox.start(
+                    argv, child.fileno(), parent, self._state.path / "init.log"
+                )
+            finally:
+                child.close()
+        except BaseException:
+            await self._teardown()
+            raise
+
+    def _check(self) -> None:
+        if not self._started or self._stopped:
+            raise RuntimeNotStarted("the runtime is not running")
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        on_output: OutputHandler | None = None,
+    ) -> ExecResult:
+        self._check()
+        return await self._commands.run(
+            argv,
+            cwd=cwd or self.workdir,
+            env={**self._spec.env, **(env or {})},
+            timeout_s=timeout_s,
+            on_output=on_output,
+        )
+
+    async def put(self, source: Path, target: str) -> None:
+        self._check()
+        if self._state is None:
+            await asyncio.to_thread(copy_path, source, Path(target))
+        else:
+            await statedir.put(self._state, self._run_helper, self._python, source, target)
+
+    async def get(self, source: str, target: Path) -> None:
+        self._check()
+        if self._state is None:
+            await asyncio.to_thread(copy_path, Path(source), target)
+        else:
+            await statedir.get(self._state, self._run_helper, self._python, source, target)
+
+    async def cancel(self) -> None:
+        await self._commands.cancel_all()
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        await self._commands.cancel_all()
+        await self._teardown()
+
+    async def _teardown(self) -> None:
+        if self._sandbox is not None:
+            await self._sandbox.close()
+        if self._relay is not None:
+            await self._relay.stop()
+        if self._cgroup is not None:
+            await asyncio.to_thread(self._cgroup.remove)
+        if self._state is not None:
+            self._state.remove()
+
+    async def _run_helper(self, argv: Sequence[str]) -> ExecResult:
+        return await self._commands.run(argv, cwd="/", env={}, timeout_s=None, on_output=None)
+
+    async def _launch(self, number: int) -> Supervisor:
+        if self._sandbox is not None:
+            return await self._sandbox.launch(number)
+        pipes = Pipes()
+        stdin, stdout, stderr = pipes.child
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-I",
+                "-S",
+                inside.__file__,
+                "exec",
+                str(number),
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                env={},
+                start_new_session=True,
+            )
+        except BaseException:
+            pipes.discard()
+            raise
+
+        async def force() -> None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+
+        return await pipes.supervisor(asyncio.ensure_future(process.wait()), force)

@@ -1,0 +1,5 @@
+"""Small descriptive statistics helpers."""
+
+from statkit.summary import mean, median
+
+__all__ = ["mean", "median"]

@@ -1,0 +1,5 @@
+"""Interval arithmetic."""
+
+from spans.merge import merge
+
+__all__ = ["merge"]
