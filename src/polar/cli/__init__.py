@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from polar.cli import build, demo, engine, gateway, harness, model, records
+from polar.cli import build, demo, engine, gateway, harness, model, records, rollout
 
 app = typer.Typer(
     name="polar",
@@ -18,6 +18,10 @@ app.command("gateway")(gateway.gateway)
 app.command("records")(records.records)
 app.command("build")(build.build)
 app.command("demo")(demo.demo)
+app.command("serve")(rollout.serve)
+app.command("node")(rollout.node)
+app.command("submit")(rollout.submit)
+app.command("status")(rollout.status)
 app.add_typer(model.app, name="model")
 app.add_typer(engine.app, name="engine")
 app.add_typer(harness.app, name="harness")

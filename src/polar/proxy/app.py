@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from polar.proxy import admin
 from polar.proxy.asgi import Router
@@ -19,15 +20,31 @@ from polar.proxy.dialects.openai_responses import routes as openai_responses
 from polar.proxy.gateway import Gateway
 
 
-def create_app(gateway: Gateway) -> Router:
+@dataclass(frozen=True, slots=True)
+class Extension:
+    """More routes served next to the gateway's (a gateway node's ``/node`` API),
+    started after the gateway and stopped before it."""
+
+    routes: Sequence[BaseRoute]
+    start: Callable[[], Awaitable[None]]
+    stop: Callable[[], Awaitable[None]]
+
+
+def create_app(gateway: Gateway, *, extensions: Sequence[Extension] = ()) -> Router:
     """The root ASGI app: model calls on plain-ASGI hot routes, the rest on Starlette."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await gateway.start()
+        started: list[Extension] = []
         try:
+            for extension in extensions:
+                await extension.start()
+                started.append(extension)
             yield
         finally:
+            for extension in reversed(started):
+                await extension.stop()
             await gateway.stop()
 
     async def health(request: Request) -> Response:
@@ -58,6 +75,7 @@ def create_app(gateway: Gateway) -> Router:
             Route("/", root, methods=["GET", "HEAD"]),
             *admin.routes(),
             *openai_chat.routes(gateway),
+            *(route for extension in extensions for route in extension.routes),
         ],
         lifespan=lifespan,
         exception_handlers={HTTPException: http_error},

@@ -134,11 +134,11 @@ def describe_error(error: ValidationError) -> str:
     return f"{where}: {message}"
 
 
-def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -161,7 +161,7 @@ def load_gateway_config(path: Path | None, overrides: dict[str, Any]) -> Gateway
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         data = loaded
-    data = _merge(data, overrides)
+    data = merge(data, overrides)
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:

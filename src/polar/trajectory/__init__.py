@@ -38,6 +38,8 @@ from polar.trajectory.export import (
     Sample,
     SampleFormat,
     read_samples,
+    row_of,
+    sample_from_row,
     samples_of,
     write_samples,
 )
@@ -88,6 +90,8 @@ __all__ = [
     "plan_session",
     "read_samples",
     "resolve_builder",
+    "row_of",
+    "sample_from_row",
     "samples_of",
     "write_samples",
 ]

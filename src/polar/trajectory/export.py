@@ -137,7 +137,8 @@ def samples_of(trajectory: Trajectory, *, include_untrainable: bool = False) -> 
 # ---------------------------------------------------------------- rows as plain values
 
 
-def _row(sample: Sample) -> dict[str, Any]:
+def row_of(sample: Sample) -> dict[str, Any]:
+    """A sample as plain JSON values (the JSONL row)."""
     row = {name: getattr(sample, name) for name in FIELDS}
     row["turn_offsets"] = [
         {"record": s.record, "start": s.start, "sampled_start": s.sampled_start, "end": s.end}
@@ -146,7 +147,8 @@ def _row(sample: Sample) -> dict[str, Any]:
     return row
 
 
-def _sample(row: Any, where: str) -> Sample:
+def sample_from_row(row: Any, where: str = "row") -> Sample:
+    """A sample from its JSON row, checked (:class:`ExportError` naming ``where``)."""
     if not isinstance(row, dict):
         raise ExportError(f"{where}: expected an object")
     missing = [name for name in FIELDS if name not in row]
@@ -245,7 +247,7 @@ def write_samples(samples: Sequence[Sample], path: Path, fmt: SampleFormat | Non
 def _write_jsonl(samples: Iterable[Sample], path: Path) -> None:
     with path.open("wb") as out:
         for sample in samples:
-            row = _row(sample)
+            row = row_of(sample)
             if not all(map(math.isfinite, sample.rollout_logprobs)):
                 raise ExportError(f"{sample.trace_id}: non-finite logprob cannot go to JSON")
             out.write(orjson.dumps(row) + b"\n")
@@ -296,7 +298,7 @@ def _write_parquet(samples: Sequence[Sample], path: Path) -> None:
     import pyarrow.parquet as pq
 
     schema = _arrow_schema()
-    rows = [_row(s) for s in samples]
+    rows = [row_of(s) for s in samples]
     columns = {name: [row[name] for row in rows] for name in FIELDS}
     try:
         table = pa.Table.from_pydict(columns, schema=schema)
@@ -333,7 +335,7 @@ def _read_jsonl(path: Path) -> list[Sample]:
             row = orjson.loads(line)
         except orjson.JSONDecodeError:
             raise ExportError(f"{path}:{number}: not valid JSON") from None
-        out.append(_sample(row, f"{path}:{number}"))
+        out.append(sample_from_row(row, f"{path}:{number}"))
     return out
 
 
@@ -351,4 +353,4 @@ def _read_parquet(path: Path) -> list[Sample]:
     missing = [name for name in FIELDS if name not in table.column_names]
     if missing:
         raise ExportError(f"{path}: missing columns {missing}")
-    return [_sample(row, f"{path}: row {i}") for i, row in enumerate(table.to_pylist())]
+    return [sample_from_row(row, f"{path}: row {i}") for i, row in enumerate(table.to_pylist())]

@@ -52,13 +52,16 @@ class TokenText:
                     self._bytes[index] = bytes(table[c] for c in token)
 
     def bytes_of(self, token_id: int) -> bytes:
+        """A token's bytes; none for ids past the vocabulary (a model's padded
+        embedding rows, which an untrained model can sample), as the tokenizer's
+        own decode gives."""
         if self.byte_level:
-            return self._bytes[token_id]
+            return self._bytes[token_id] if 0 <= token_id < len(self._bytes) else b""
         return str(self.tokenizer.decode([token_id], skip_special_tokens=False)).encode("utf-8")
 
     def decode(self, ids: Sequence[int]) -> str:
         if self.byte_level:
-            return b"".join(self._bytes[i] for i in ids).decode("utf-8", "replace")
+            return b"".join(self.bytes_of(i) for i in ids).decode("utf-8", "replace")
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
     def encode(self, text: str) -> list[int]:

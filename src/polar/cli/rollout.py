@@ -1,0 +1,361 @@
+"""``polar serve``, ``polar node``, ``polar submit``, ``polar status``: the rollout service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import sys
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from pydantic import BaseModel, ConfigDict
+
+from polar.cli.errors import configure_logging, fail
+from polar.proxy.config import ConfigError, merge
+from polar.rollout.config import NodeConfig, ServerConfig, load_config, read_yaml
+
+M = TypeVar("M", bound=BaseModel)
+TOKEN_ENV = "POLAR_CONTROL_TOKEN"
+DEFAULT_SERVER = "http://127.0.0.1:8200"
+
+
+class ServeConfig(BaseModel):
+    """``polar serve``'s file: a ``server:`` and a ``node:`` section."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    server: ServerConfig = ServerConfig()
+    node: NodeConfig
+
+
+def _node_defaults(
+    node: dict[str, Any], token: str | None, engine_url: str | None, engine_kind: str | None
+) -> None:
+    gateway = node.setdefault("gateway", {})
+    gateway.setdefault("port", 8300)
+    # The node opens gateway sessions through its Python API; the admin routes
+    # still need a token, so a random one protects them unless one is given.
+    gateway.setdefault("admin_token", secrets.token_urlsafe(24))
+    if engine_url is not None:
+        gateway.setdefault("engine", {})["base_url"] = engine_url
+    if engine_kind is not None:
+        gateway.setdefault("engine", {})["kind"] = engine_kind
+        if engine_kind == "embedded":  # token-in only
+            gateway.setdefault("capture", "token_in_token_out")
+    if token is not None:
+        node["control_token"] = token
+
+
+def serve(
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="YAML with server: and node: sections.")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Rollout server port (default 8200).")] = None,
+    node_port: Annotated[
+        int | None, typer.Option(help="The node's gateway port (default 8300).")
+    ] = None,
+    engine_url: Annotated[
+        str | None, typer.Option(help="Inference engine the node's gateway forwards to.")
+    ] = None,
+    engine_kind: Annotated[
+        str | None, typer.Option(help="vllm, sglang or embedded (default: vllm).")
+    ] = None,
+    db: Annotated[Path | None, typer.Option(help="SQLite file of tasks and results.")] = None,
+    token: Annotated[
+        str | None, typer.Option(envvar=TOKEN_ENV, help="Control token (16+ characters).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    check: Annotated[bool, typer.Option("--check", help="Validate, print, exit.")] = False,
+) -> None:
+    """Run a rollout server and a gateway node in this process (one machine)."""
+    overrides: dict[str, Any] = {"server": {}, "node": {}}
+    server: dict[str, Any] = overrides["server"]
+    node: dict[str, Any] = overrides["node"]
+    if port is not None:
+        server["port"] = port
+    if db is not None:
+        server["db"] = str(db)
+    if token is not None:
+        server["control_token"] = token
+    if node_port is not None:
+        node.setdefault("gateway", {})["port"] = node_port
+    raw = _raw(config)
+    data = merge(raw, overrides)
+    for section in ("server", "node"):
+        if not isinstance(data.get(section), dict):
+            fail("serve", f"{config}: {section} must be a mapping")
+    merged_node, server_section = data["node"], data["server"]
+    _node_defaults(merged_node, token, engine_url, engine_kind)
+    merged_node.setdefault(
+        "server_url",
+        f"http://{server_section.get('host', '127.0.0.1')}:{server_section.get('port', 8200)}",
+    )
+    settings = _validate("serve", ServeConfig, data)
+    if check:
+        typer.echo(settings.model_dump_json(indent=2))
+        return
+    _run("serve", settings.server, settings.node, log_level)
+
+
+def node(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="Node YAML.")] = None,
+    server_url: Annotated[
+        str | None, typer.Option(help=f"Rollout server to join (default {DEFAULT_SERVER}).")
+    ] = None,
+    node_id: Annotated[str | None, typer.Option(help="This node's id.")] = None,
+    port: Annotated[int | None, typer.Option(help="Gateway port (default 8300).")] = None,
+    public_url: Annotated[
+        str | None, typer.Option(help="How the server reaches this node.")
+    ] = None,
+    engine_url: Annotated[
+        str | None, typer.Option(help="Inference engine the gateway forwards to.")
+    ] = None,
+    engine_kind: Annotated[
+        str | None, typer.Option(help="vllm, sglang or embedded (default: vllm).")
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option(envvar=TOKEN_ENV, help="Control token (16+ characters).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    check: Annotated[bool, typer.Option("--check", help="Validate, print, exit.")] = False,
+) -> None:
+    """Run a gateway node that joins a rollout server."""
+    raw = _raw(config)
+    for key, value in (
+        ("server_url", server_url),
+        ("node_id", node_id),
+        ("public_url", public_url),
+    ):
+        if value is not None:
+            raw[key] = value
+    raw.setdefault("server_url", DEFAULT_SERVER)
+    raw.setdefault("gateway", {})
+    if port is not None:
+        raw["gateway"]["port"] = port
+    _node_defaults(raw, token, engine_url, engine_kind)
+    settings = _validate("node", NodeConfig, raw)
+    if check:
+        typer.echo(settings.model_dump_json(indent=2))
+        return
+    _run("node", None, settings, log_level)
+
+
+def _raw(path: Path | None) -> dict[str, Any]:
+    try:
+        return read_yaml(path) if path is not None else {}
+    except ConfigError as exc:
+        fail("config", str(exc))
+
+
+def _validate(command: str, model: type[M], data: dict[str, Any]) -> M:
+    try:
+        return load_config(model, None, data)
+    except ConfigError as exc:
+        fail(command, str(exc))
+
+
+def _run(command: str, server: ServerConfig | None, node: NodeConfig | None, level: str) -> None:
+    from polar.rollout.deploy import serve as serve_both
+
+    configure_logging(level)
+    try:
+        asyncio.run(serve_both(server, node, level))
+    except OSError as exc:
+        fail(command, f"cannot listen: {exc.strerror or exc}")
+    except KeyboardInterrupt:
+        pass
+
+
+# -------------------------------------------------------------------- clients
+
+
+def _client(server: str, token: str | None) -> Any:
+    from polar.rollout.client import RolloutClient
+
+    return RolloutClient(server, token=token)
+
+
+def submit(
+    tasks: Annotated[
+        str, typer.Argument(help="Task file (.jsonl/.yaml/.parquet), Harbor dir, or 'builtin'.")
+    ],
+    harness: Annotated[str, typer.Option(help="Harness preset or package.module:factory.")],
+    samples: Annotated[int, typer.Option(help="Sessions per task (one GRPO group).")] = 4,
+    option: Annotated[
+        list[str] | None, typer.Option(help="Harness option KEY=VALUE (repeatable; JSON values).")
+    ] = None,
+    task_id: Annotated[
+        list[str] | None, typer.Option("--task", help="Only these task ids (repeatable).")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Each session's agent budget, seconds.")] = 1800,
+    early_stop_at: Annotated[int | None, typer.Option(help="Stop at this many usable.")] = None,
+    max_resamples: Annotated[int, typer.Option(help="Extra sessions to fill a group.")] = 0,
+    builder: Annotated[str, typer.Option(help="prefix_merge or per_request.")] = "prefix_merge",
+    server: Annotated[str, typer.Option(help="Rollout server URL.")] = DEFAULT_SERVER,
+    token: Annotated[str | None, typer.Option(envvar=TOKEN_ENV, help="Control token.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Write each task's result as a JSON line here.")
+    ] = None,
+    wait: Annotated[bool, typer.Option(help="Wait for the results, with progress.")] = True,
+) -> None:
+    """Submit tasks to a rollout server (each as one group), and follow them."""
+    from pydantic import ValidationError
+
+    from polar.rollout.client import RolloutError
+    from polar.rollout.protocol import HarnessSpec, TaskSubmission
+    from polar.tasks import load_tasks
+    from polar.tasks.errors import TaskError
+
+    try:
+        loaded = load_tasks(tasks)
+    except TaskError as exc:
+        fail("submit", str(exc))
+    if task_id:
+        unknown = sorted(set(task_id) - {t.id for t in loaded})
+        if unknown:
+            fail("submit", f"no task {unknown[0]} in {tasks}")
+        loaded = [t for t in loaded if t.id in set(task_id)]
+    options = dict(_option(o) for o in option or [])
+    try:
+        submissions = [
+            TaskSubmission(
+                task=t,
+                harness=HarnessSpec(name=harness, options=options),
+                num_samples=samples,
+                session_timeout_s=timeout,
+                early_stop_at=early_stop_at,
+                max_resamples=max_resamples,
+                builder=builder,
+            )
+            for t in loaded
+        ]
+    except ValidationError as exc:
+        from polar.proxy.config import describe_error
+
+        fail("submit", describe_error(exc))
+    with _client(server, token) as client:
+        try:
+            views = [client.submit(s) for s in submissions]
+        except RolloutError as exc:
+            fail("submit", str(exc))
+        for view in views:
+            typer.echo(f"submitted {view.task_id} ({view.task}, {view.num_samples} sessions)")
+        if not wait:
+            return
+        try:
+            results = _follow(client, [v.task_id for v in views])
+        except RolloutError as exc:
+            fail("submit", str(exc))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a", encoding="utf-8") as f:
+            for result in results:
+                f.write(result.model_dump_json() + "\n")
+    for result in results:
+        rewards = [r.reward for r in result.results]
+        mean = "-" if result.mean_reward is None else f"{result.mean_reward:.3f}"
+        typer.echo(
+            f"{result.task_id} {result.task}: {result.status.value}, usable {result.usable}/"
+            f"{len(result.results)}, mean reward {mean}, rewards {rewards}"
+        )
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        fail("submit", f"--option wants KEY=VALUE, not {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def _follow(client: Any, task_ids: list[str]) -> list[Any]:
+    """Progress bars (one per task, advanced by the event stream) until all finish."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from polar.rollout.protocol import TaskResult
+
+    pending = set(task_ids)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[state]}"),
+        disable=not sys.stderr.isatty(),
+    ) as progress:
+        bars = {}
+        for tid in task_ids:
+            view = client.task(tid)
+            bars[tid] = progress.add_task(view.task, total=view.num_samples, state="queued")
+        for kind, data in client.events():
+            tid = data.get("task_id")
+            if tid not in bars:
+                continue
+            if kind in ("session.status", "session.result"):
+                view = client.task(tid)
+                done = sum(1 for s in view.sessions if s.status.terminal)
+                states = ", ".join(f"{k} {v}" for k, v in sorted(view.counts.items()))
+                progress.update(bars[tid], completed=done, total=len(view.sessions), state=states)
+            if kind == "task.finished":
+                pending.discard(tid)
+                progress.update(bars[tid], state=str(data.get("status")))
+            if not pending:
+                break
+            # a task that finished before the stream opened
+            if kind != "task.finished":
+                for other in list(pending):
+                    if client.task(other).status.value != "running":
+                        pending.discard(other)
+                if not pending:
+                    break
+    results = [client.result(tid) for tid in task_ids]
+    return [r for r in results if isinstance(r, TaskResult)]
+
+
+def status(
+    task: Annotated[str | None, typer.Argument(help="A task id (default: recent tasks).")] = None,
+    server: Annotated[str, typer.Option(help="Rollout server URL.")] = DEFAULT_SERVER,
+    token: Annotated[str | None, typer.Option(envvar=TOKEN_ENV, help="Control token.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show tasks (or one task's sessions) and the nodes of a rollout server."""
+    from polar.rollout.client import RolloutError
+
+    with _client(server, token) as client:
+        try:
+            if task is not None:
+                view = client.task(task)
+                if as_json:
+                    typer.echo(view.model_dump_json(indent=2))
+                    return
+                typer.echo(f"{view.task_id} {view.task} [{view.status.value}] {view.harness}")
+                for s in view.sessions:
+                    reward = "-" if s.reward is None else f"{s.reward:g}"
+                    extra = f"  ({s.error})" if s.error else ""
+                    typer.echo(
+                        f"  {s.session_id} {s.status.value:<10} reward {reward:<5} "
+                        f"node {s.node_id or '-'}{extra}"
+                    )
+                return
+            views = client.tasks()
+            nodes = client.nodes()
+        except RolloutError as exc:
+            fail("status", str(exc))
+    if as_json:
+        typer.echo(
+            json.dumps({"tasks": [v.model_dump(mode="json") for v in views], "nodes": nodes})
+        )
+        return
+    typer.echo(f"nodes: {len(nodes)}")
+    for n in nodes:
+        health = "healthy" if n["healthy"] else "unhealthy"
+        drain = ", draining" if n["draining"] else ""
+        typer.echo(f"  {n['node_id']} {n['url']} {health}{drain}, {n['active']} sessions")
+    typer.echo(f"tasks: {len(views)}")
+    for v in views:
+        mean = "-" if v.mean_reward is None else f"{v.mean_reward:.3f}"
+        counts = ", ".join(f"{k} {c}" for k, c in sorted(v.counts.items()))
+        typer.echo(f"  {v.task_id} {v.task} [{v.status.value}] {counts}; mean reward {mean}")

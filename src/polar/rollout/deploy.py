@@ -1,0 +1,127 @@
+"""Assembling the rollout service's processes: a gateway node (gateway + node
+API on one port), the rollout server, or both in one process (``polar serve``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from polar.proxy.app import create_app
+from polar.proxy.asgi import Router
+from polar.proxy.gateway import Gateway
+from polar.rollout.config import NodeConfig, ServerConfig
+from polar.rollout.lifecycle import RuntimeFactory
+from polar.rollout.node import Node
+from polar.rollout.node_app import node_extension
+from polar.rollout.server import RolloutServer, create_server_app
+from polar.runtime.base import GatewayAddress
+from polar.runtime.registry import create_runtime
+from polar.trajectory import BuildConfig, TurnFormat
+
+
+def build_config_for(tokenizer_dir: Path | None) -> BuildConfig:
+    """Trajectory building for the model whose tokenizer the gateway renders with."""
+    from transformers import AutoTokenizer
+
+    from polar.assets import QWEN3_TOKENIZER_DIR
+    from polar.proxy.render.tokens import TokenText
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(tokenizer_dir or QWEN3_TOKENIZER_DIR))
+    return BuildConfig(
+        turns=TurnFormat.from_tokenizer(tokenizer), decode=TokenText(tokenizer).decode
+    )
+
+
+@dataclass(slots=True)
+class NodeService:
+    """A node's gateway and ``/node`` API as one ASGI app; ``bind`` tells it its port."""
+
+    config: NodeConfig
+    gateway: Gateway
+    node: Node
+    app: Router
+    address: list[GatewayAddress] = field(default_factory=list)
+
+    def bind(self, host: str, port: int) -> None:
+        """Where the app listens (before it starts): the sandbox relay connects there."""
+        reachable = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        self.address[:] = [GatewayAddress(reachable, port)]
+
+
+def node_service(
+    config: NodeConfig,
+    *,
+    runtime_factory: RuntimeFactory = create_runtime,
+    build: BuildConfig | None = None,
+) -> NodeService:
+    gateway = Gateway(config.gateway)
+    node = Node(
+        config,
+        gateway,
+        build or build_config_for(config.gateway.render.tokenizer),
+        runtime_factory=runtime_factory,
+    )
+    address: list[GatewayAddress] = []
+
+    def where() -> GatewayAddress:
+        if not address:
+            raise RuntimeError("NodeService.bind was not called before the app started")
+        return address[0]
+
+    app = create_app(gateway, extensions=[node_extension(node, where)])
+    service = NodeService(config, gateway, node, app, address)
+    service.bind(config.gateway.host, config.gateway.port)
+    return service
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _uvicorn(app: Any, log_level: str) -> uvicorn.Server:
+    return uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level=log_level,
+            lifespan="on",
+            loop="asyncio",
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )
+    )
+
+
+async def serve(
+    server_config: ServerConfig | None, node_config: NodeConfig | None, log_level: str = "info"
+) -> None:
+    """Run a rollout server, a node, or both in this process until interrupted."""
+    servers: list[tuple[uvicorn.Server, socket.socket]] = []
+    if server_config is not None:
+        sock = listening_socket(server_config.host, server_config.port)
+        app = create_server_app(RolloutServer(server_config))
+        servers.append((_uvicorn(app, log_level), sock))
+    if node_config is not None:
+        sock = listening_socket(node_config.gateway.host, node_config.gateway.port)
+        service = node_service(node_config)
+        service.bind(*sock.getsockname()[:2])
+        servers.append((_uvicorn(service.app, log_level), sock))
+    tasks = [asyncio.ensure_future(s.serve(sockets=[sock])) for s, sock in servers]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+    finally:
+        for s, _ in servers:
+            s.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,78 @@
+"""What the rollout server's and the node's HTTP APIs share: bearer-token
+auth, one error shape, and validated JSON bodies."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from polar.proxy.config import describe_error
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ApiError(Exception):
+    """Answered as ``{"error": {"type": kind, "message": message}}`` with ``status``."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+def error_response(error: ApiError) -> Response:
+    return JSONResponse(
+        {"error": {"type": error.kind, "message": error.message}}, status_code=error.status
+    )
+
+
+def check_token(request: Request, token: str | None) -> None:
+    """Refuse the request unless it carries ``Authorization: Bearer <token>``."""
+    if token is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
+        raise ApiError(401, "missing or wrong control token", "unauthorized")
+
+
+async def body_of(request: Request, model: type[M]) -> M:
+    """The request's JSON body validated as ``model`` (400 with one line otherwise)."""
+    raw = await request.body()
+    try:
+        data: Any = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ApiError(400, "the body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ApiError(422, describe_error(exc)) from None
+
+
+def model_response(model: BaseModel, status: int = 200) -> Response:
+    return Response(model.model_dump_json(), status_code=status, media_type="application/json")
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def guarded(token: str | None, handler: Handler) -> Handler:
+    """``handler`` behind the control token, with :class:`ApiError` answered."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            check_token(request, token)
+            return await handler(request)
+        except ApiError as exc:
+            return error_response(exc)
+
+    return endpoint

@@ -1,0 +1,350 @@
+"""One session's life on a gateway node, through staged worker pools.
+
+Stages and their pools (sizes from :class:`~polar.rollout.protocol.NodeCapacity`):
+
+1. **prepare** (``prepare`` slots): materialize the workspace, create and start
+   the runtime, run the task's set-up, open the gateway session (its key);
+2. **ready**: prepared, waiting for an agent slot — at most ``ahead`` sessions
+   wait here, so preparation overlaps running agents without hoarding runtimes;
+3. **run** (``run`` slots): the harness runs; the session's timeout starts
+   here, never while it queued. A fresh evaluation runtime is pre-warmed
+   meanwhile when the evaluator wants one. The key is closed when it ends;
+4. **post-run** (``postrun`` slots): build the trajectory from the gateway's
+   records, then evaluate;
+5. **teardown**: stop runtimes, drop the session directory (kept on failure
+   by default).
+
+Outcomes: COMPLETED (built and scored), TIMEOUT (the harness ran past its
+budget: the partial trajectory is built, not scored), ERROR (preparation,
+harness, build or evaluation failed; the reason is kept, and so is whatever
+trajectory could be built), CANCELLED (the whole process tree is killed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from polar.harness import load_harness
+from polar.proxy.gateway import Gateway
+from polar.reward.base import EvalContext, EvalResult
+from polar.reward.registry import evaluate
+from polar.rollout.agent import AgentRun, installed_executable, run_agent
+from polar.rollout.protocol import NodeCapacity, SessionDispatch, SessionResult, SessionStatus
+from polar.runtime.base import GatewayAddress, Runtime, RuntimeSpec
+from polar.runtime.registry import create_runtime
+from polar.tasks.workspace import materialize, run_setup, runtime_spec_for, workspace_path
+from polar.trajectory import BuildConfig, Trajectory, resolve_builder, row_of, samples_of
+
+_log = logging.getLogger(__name__)
+
+KeepPolicy = Literal["never", "failed", "always"]
+RuntimeFactory = Callable[[RuntimeSpec, Path, GatewayAddress | None], Runtime]
+
+
+class SessionFailed(Exception):
+    """A stage failed; the message is the session's ``error``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSettings:
+    node_id: str
+    sessions_dir: Path
+    runtime: RuntimeSpec
+    harness_cache: Path
+    capacity: NodeCapacity
+    gateway_address: GatewayAddress
+    build: BuildConfig
+    model: str = "policy"
+    prepare_timeout_s: float = 900.0
+    keep_sessions: KeepPolicy = "failed"
+
+
+@dataclass(slots=True)
+class NodeSession:
+    dispatch: SessionDispatch
+    status: SessionStatus = SessionStatus.QUEUED
+    since: float = field(default_factory=time.monotonic)
+    timings: dict[str, float] = field(default_factory=dict)
+    runtime: Runtime | None = None
+    fresh: list[Runtime] = field(default_factory=list)
+    prewarmed: asyncio.Task[Runtime] | None = None
+    api_key: str | None = None
+    gateway_open: bool = False
+    result: SessionResult | None = None
+    task: asyncio.Task[SessionResult] | None = None
+    reported: bool = False
+    records: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.dispatch.session_id
+
+    def enter(self, status: SessionStatus) -> None:
+        now = time.monotonic()
+        key = self.status.value
+        self.timings[key] = round(self.timings.get(key, 0.0) + now - self.since, 4)
+        self.status, self.since = status, now
+
+
+class Pipeline:
+    """Runs sessions through the stages; one instance per node."""
+
+    def __init__(
+        self,
+        settings: PipelineSettings,
+        gateway: Gateway,
+        *,
+        runtime_factory: RuntimeFactory = create_runtime,
+        on_change: Callable[[NodeSession], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.gateway = gateway
+        self._factory = runtime_factory
+        self._on_change = on_change or (lambda s: None)
+        capacity = settings.capacity
+        self._admission = asyncio.Semaphore(capacity.sessions)
+        self._prepare = asyncio.Semaphore(capacity.prepare)
+        self._run = asyncio.Semaphore(capacity.run)
+        self._post = asyncio.Semaphore(capacity.postrun)
+
+    def _enter(self, s: NodeSession, status: SessionStatus) -> None:
+        s.enter(status)
+        self._on_change(s)
+
+    # ---------------------------------------------------------------- the life
+
+    async def run(self, s: NodeSession) -> SessionResult:
+        """The whole life of ``s``; always returns its result (never raises
+        except for the node shutting down)."""
+        trajectory: Trajectory | None = None
+        agent: AgentRun | None = None
+        evaluation: EvalResult | None = None
+        error: str | None = None
+        status = SessionStatus.COMPLETED
+        try:
+            await self._admission.acquire()
+            try:
+                async with self._prepare:
+                    self._enter(s, SessionStatus.PREPARING)
+                    await self._prepare_stage(s)
+                self._enter(s, SessionStatus.READY)
+                async with self._run:
+                    self._enter(s, SessionStatus.RUNNING)
+                    agent = await self._run_stage(s)
+            finally:
+                self._admission.release()
+                await self._close_key(s)
+            async with self._post:
+                self._enter(s, SessionStatus.BUILDING)
+                trajectory = await self._build(s)
+                if agent.timed_out:
+                    status = SessionStatus.TIMEOUT
+                    error = f"the harness ran past its {s.dispatch.session_timeout_s:g} s budget"
+                elif not agent.ok:
+                    raise SessionFailed(
+                        f"the harness exited with {agent.exit_code}: "
+                        f"{(agent.stderr_tail or agent.stdout_tail)[-500:].strip()}"
+                    )
+                else:
+                    self._enter(s, SessionStatus.EVALUATING)
+                    evaluation = await self._evaluate(s)
+                    if trajectory is not None:
+                        trajectory = trajectory.with_reward(evaluation.reward)
+        except asyncio.CancelledError:
+            status, error = SessionStatus.CANCELLED, "cancelled"
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+        except SessionFailed as exc:
+            status, error = SessionStatus.ERROR, str(exc)
+        except Exception as exc:  # a bug or an unexpected failure: never lose the session
+            _log.exception("session %s failed", s.id)
+            status, error = SessionStatus.ERROR, f"internal error: {type(exc).__name__}: {exc}"
+        if trajectory is None and status is not SessionStatus.COMPLETED:
+            with contextlib.suppress(Exception):
+                trajectory = await self._build(s)
+        await self._teardown(s, failed=status is not SessionStatus.COMPLETED)
+        self._enter(s, status)
+        s.result = self._result(s, status, error, agent, evaluation, trajectory)
+        return s.result
+
+    # ---------------------------------------------------------------- stages
+
+    async def _prepare_stage(self, s: NodeSession) -> None:
+        d = s.dispatch
+        session_dir = self.settings.sessions_dir / d.session_id
+        if session_dir.exists():
+            raise SessionFailed(f"session directory {session_dir} already exists")
+        session_dir.mkdir(parents=True)
+        try:
+            async with asyncio.timeout(self.settings.prepare_timeout_s):
+                s.runtime = await self._runtime_for(s, session_dir)
+                await run_setup(d.task, s.runtime, timeout_s=self.settings.prepare_timeout_s)
+                created = await self.gateway.sessions.create(
+                    session_id=d.session_id,
+                    metadata={
+                        "task_id": d.task_id,
+                        "task": d.task.id,
+                        "group_id": d.group_id,
+                        "sample_index": d.sample_index,
+                        "harness": d.harness.name,
+                        "node_id": self.settings.node_id,
+                    },
+                )
+        except TimeoutError:
+            raise SessionFailed(
+                f"preparation took longer than {self.settings.prepare_timeout_s:g} s"
+            ) from None
+        except SessionFailed:
+            raise
+        except Exception as exc:
+            raise SessionFailed(f"preparation failed: {exc}") from exc
+        s.api_key, s.gateway_open = created.api_key, True
+
+    async def _runtime_for(self, s: NodeSession, session_dir: Path) -> Runtime:
+        """A started runtime over a fresh copy of the session's task workspace."""
+        task = s.dispatch.task
+        await asyncio.to_thread(session_dir.mkdir, parents=True, exist_ok=True)
+        await materialize(task, session_dir)
+        spec = runtime_spec_for(task, self.settings.runtime)
+        runtime = self._factory(spec, session_dir, self.settings.gateway_address)
+        try:
+            await runtime.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await runtime.stop()
+            raise
+        return runtime
+
+    async def _run_stage(self, s: NodeSession) -> AgentRun:
+        d = s.dispatch
+        runtime = s.runtime
+        assert runtime is not None and s.api_key is not None
+        if d.task.evaluator.fresh_runtime:
+            s.prewarmed = asyncio.ensure_future(self._fresh_copy(s))
+        try:
+            harness = load_harness(d.harness.name, d.harness.options)
+            executable = await installed_executable(harness, self.settings.harness_cache)
+        except Exception as exc:
+            raise SessionFailed(f"harness {d.harness.name}: {exc}") from exc
+        return await run_agent(
+            harness,
+            runtime,
+            executable=executable,
+            api_key=s.api_key,
+            model=self.settings.model,
+            instruction=d.task.instruction,
+            workdir=workspace_path(d.task, runtime),
+            timeout_s=d.session_timeout_s,
+        )
+
+    async def _fresh_copy(self, s: NodeSession) -> Runtime:
+        index = len(s.fresh) + (1 if s.prewarmed is not None else 0)
+        session_dir = self.settings.sessions_dir / f"{s.id}.eval{index}"
+        runtime = await self._runtime_for(s, session_dir)
+        s.fresh.append(runtime)
+        await run_setup(s.dispatch.task, runtime, timeout_s=self.settings.prepare_timeout_s)
+        return runtime
+
+    async def _close_key(self, s: NodeSession) -> None:
+        if s.gateway_open:
+            s.gateway_open = False
+            with contextlib.suppress(Exception):
+                await self.gateway.sessions.close(s.id)
+
+    async def _build(self, s: NodeSession) -> Trajectory | None:
+        """The session's trajectory; None when the harness never called the model."""
+        records = await self.gateway.records(s.id)
+        s.records = len(records)
+        if not records:
+            return None
+        builder = resolve_builder(s.dispatch.builder)(self.settings.build)
+        try:
+            return await asyncio.to_thread(builder.build, records, group_id=s.dispatch.group_id)
+        except Exception as exc:
+            raise SessionFailed(f"building the trajectory failed: {exc}") from exc
+
+    async def _evaluate(self, s: NodeSession) -> EvalResult:
+        d = s.dispatch
+        runtime = s.runtime
+        assert runtime is not None
+
+        async def fresh() -> Runtime:
+            if s.prewarmed is not None:
+                prewarmed, s.prewarmed = s.prewarmed, None
+                return await prewarmed
+            return await self._fresh_copy(s)
+
+        ctx = EvalContext(
+            task=d.task, runtime=runtime, fresh_runtime=fresh, timeout_s=d.task.evaluator.timeout_s
+        )
+        try:
+            return await evaluate(ctx)
+        except Exception as exc:
+            raise SessionFailed(str(exc)) from exc
+
+    async def _teardown(self, s: NodeSession, *, failed: bool) -> None:
+        await self._close_key(s)
+        if s.prewarmed is not None:
+            s.prewarmed.cancel()
+            with contextlib.suppress(BaseException):
+                await s.prewarmed
+        runtimes = [r for r in (s.runtime, *s.fresh) if r is not None]
+        await asyncio.gather(*(r.stop() for r in runtimes), return_exceptions=True)
+        keep = self.settings.keep_sessions
+        if keep == "never" or (keep == "failed" and not failed):
+            for r in runtimes:
+                await asyncio.to_thread(shutil.rmtree, r.session_dir, True)
+
+    # ---------------------------------------------------------------- result
+
+    def _result(
+        self,
+        s: NodeSession,
+        status: SessionStatus,
+        error: str | None,
+        agent: AgentRun | None,
+        evaluation: EvalResult | None,
+        trajectory: Trajectory | None,
+    ) -> SessionResult:
+        d = s.dispatch
+        samples: list[dict[str, Any]] = []
+        accounting: dict[str, Any] = {}
+        if trajectory is not None:
+            samples = [row_of(x) for x in samples_of(trajectory)]
+            a = trajectory.accounting
+            accounting = {
+                "captured": a.captured,
+                "delivered": a.delivered,
+                "delivered_fraction": a.delivered_fraction,
+                "quarantined": {k.value: v for k, v in a.quarantined.items()},
+                "breaks": {k.value: v for k, v in a.breaks.items()},
+            }
+        return SessionResult(
+            session_id=d.session_id,
+            task_id=d.task_id,
+            sample_index=d.sample_index,
+            node_id=self.settings.node_id,
+            status=status,
+            reward=evaluation.reward if evaluation is not None else None,
+            resolved=evaluation.resolved if evaluation is not None else None,
+            error=error,
+            evaluation=(
+                {"details": dict(evaluation.details), "log": evaluation.log[-4000:]}
+                if evaluation is not None
+                else {}
+            ),
+            agent=agent.as_json() if agent is not None else {},
+            timings=dict(s.timings),
+            accounting=accounting,
+            samples=samples,
+            records=s.records,
+        )

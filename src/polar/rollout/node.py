@@ -1,0 +1,252 @@
+"""A gateway node: runs the sessions a rollout server dispatches, next to the
+gateway that records their calls.
+
+The node keeps every session it holds in memory until the server acknowledges
+its result (``DELETE /node/sessions/{id}``), re-sending undelivered results
+with backoff; its heartbeat lists them, so a restarted server can tell which of
+its dispatched sessions are still alive, finished, or lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+from pydantic import ValidationError
+
+from polar.harness import DEFAULT_PATH
+from polar.proxy.gateway import Gateway
+from polar.rollout.config import NodeConfig
+from polar.rollout.lifecycle import NodeSession, Pipeline, PipelineSettings, RuntimeFactory
+from polar.rollout.protocol import (
+    HeartbeatReply,
+    NodeHeartbeat,
+    NodeRegistration,
+    SessionDispatch,
+    SessionResult,
+)
+from polar.runtime.base import GatewayAddress, Mount, RuntimeSpec
+from polar.runtime.registry import create_runtime
+from polar.trajectory import BuildConfig
+
+_log = logging.getLogger(__name__)
+
+
+def node_runtime_spec(config: NodeConfig) -> RuntimeSpec:
+    """The configured runtime plus what every session needs inside: the harness
+    CLIs and (``share_python``, local backend) this node's Python."""
+    spec = config.runtime
+    cache = config.harness_cache.resolve()
+    cache.mkdir(parents=True, exist_ok=True)
+    paths = [cache]
+    env = dict(spec.env)
+    if config.share_python and spec.backend == "local":
+        paths += [Path(sys.prefix), Path(sys.base_prefix)]
+        env.setdefault("PATH", f"{Path(sys.executable).parent}:{DEFAULT_PATH}")
+    have = {m.path for m in spec.mounts}
+    mounts = (*spec.mounts, *(Mount(path=p) for p in dict.fromkeys(paths) if p not in have))
+    return spec.model_copy(update={"mounts": mounts, "env": env})
+
+
+class DispatchConflict(Exception):
+    """A session id the node already holds, for another task."""
+
+
+class Node:
+    def __init__(
+        self,
+        config: NodeConfig,
+        gateway: Gateway,
+        build: BuildConfig,
+        *,
+        runtime_factory: RuntimeFactory = create_runtime,
+        on_change: Callable[[NodeSession], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.gateway = gateway
+        self._build = build
+        self._factory = runtime_factory
+        self._on_change = on_change
+        self.sessions: dict[str, NodeSession] = {}
+        self._pipeline: Pipeline | None = None
+        self._loops: list[asyncio.Task[None]] = []
+        self._http: httpx.AsyncClient | None = None
+        self._registered = asyncio.Event()
+        self._stopping = False
+        self.url = config.url
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def pipeline(self) -> Pipeline:
+        if self._pipeline is None:
+            raise RuntimeError("the node is not started")
+        return self._pipeline
+
+    async def start(self, address: GatewayAddress) -> None:
+        """Start serving; ``address`` is where this node's gateway listens."""
+        c = self.config
+        self.url = c.public_url or f"http://{address.host}:{address.port}"
+        self._pipeline = Pipeline(
+            PipelineSettings(
+                node_id=c.node_id,
+                sessions_dir=c.sessions_dir.resolve(),
+                runtime=node_runtime_spec(c),
+                harness_cache=c.harness_cache.resolve(),
+                capacity=c.capacity,
+                gateway_address=address,
+                build=self._build,
+                model=c.model,
+                prepare_timeout_s=c.prepare_timeout_s,
+                keep_sessions=c.keep_sessions,
+            ),
+            self.gateway,
+            runtime_factory=self._factory,
+            on_change=self._on_change,
+        )
+        headers = {"authorization": f"Bearer {c.control_token}"} if c.control_token else {}
+        self._http = httpx.AsyncClient(headers=headers, timeout=30)
+        if c.server_url:
+            self._loops.append(asyncio.ensure_future(self._heartbeats()))
+
+    async def stop(self) -> None:
+        """Cancel every session (killing its processes) and stop; results not yet
+        delivered are dropped (the server reports those sessions lost)."""
+        self._stopping = True
+        for loop in self._loops:
+            loop.cancel()
+        running = [s.task for s in self.sessions.values() if s.task and not s.task.done()]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*self._loops, *running, return_exceptions=True)
+        self._loops.clear()
+        if self._http is not None:
+            await self._http.aclose()
+
+    # ---------------------------------------------------------------- sessions
+
+    def dispatch(self, d: SessionDispatch) -> NodeSession:
+        """Take a session (idempotent for the same dispatch)."""
+        held = self.sessions.get(d.session_id)
+        if held is not None:
+            if held.dispatch.task_id != d.task_id:
+                raise DispatchConflict(
+                    f"session {d.session_id} is held for task {held.dispatch.task_id}"
+                )
+            return held
+        s = NodeSession(dispatch=d)
+        self.sessions[d.session_id] = s
+        s.task = asyncio.ensure_future(self._life(s))
+        return s
+
+    async def _life(self, s: NodeSession) -> SessionResult:
+        result = await self.pipeline.run(s)
+        await self._deliver(s)
+        return result
+
+    async def cancel(self, session_id: str) -> NodeSession | None:
+        s = self.sessions.get(session_id)
+        if s is None:
+            return None
+        if s.task is not None and not s.task.done():
+            s.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(s.task)
+        return s
+
+    def forget(self, session_id: str) -> bool:
+        """Drop a finished session (the server has its result)."""
+        s = self.sessions.get(session_id)
+        if s is None or not s.status.terminal:
+            return False
+        del self.sessions[session_id]
+        return True
+
+    def load(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for s in self.sessions.values():
+            counts[s.status.value] = counts.get(s.status.value, 0) + 1
+        return counts
+
+    # ---------------------------------------------------------------- server link
+
+    async def _deliver(self, s: NodeSession) -> None:
+        """POST the result to the dispatch's result URL, retrying with backoff
+        (the heartbeat keeps advertising it meanwhile)."""
+        url = s.dispatch.result_url
+        if url is None or s.result is None or self._stopping:
+            return
+        assert self._http is not None
+        wait = self.config.result_retry_s
+        while True:
+            try:
+                reply = await self._http.post(url, content=s.result.model_dump_json())
+                if reply.status_code < 300:
+                    s.reported = True
+                    return
+                if 400 <= reply.status_code < 500 and reply.status_code not in (404, 408, 429):
+                    _log.error("result of %s refused: %s", s.id, reply.text[:300])
+                    return
+            except httpx.HTTPError as exc:
+                _log.warning("result of %s not delivered yet: %s", s.id, exc)
+            if self.stopping:
+                return
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, 60.0)
+
+    async def _register(self) -> None:
+        assert self._http is not None and self.config.server_url
+        c = self.config
+        body = NodeRegistration(
+            node_id=c.node_id,
+            url=self.url,
+            capacity=c.capacity,
+            heartbeat_interval_s=c.heartbeat_interval_s,
+        )
+        reply = await self._http.post(
+            f"{c.server_url}/nodes/register", content=body.model_dump_json()
+        )
+        reply.raise_for_status()
+        self._registered.set()
+
+    async def _heartbeats(self) -> None:
+        assert self._http is not None and self.config.server_url
+        c = self.config
+        registered = False
+        while True:
+            try:
+                if not registered:
+                    await self._register()
+                    registered = True
+                beat = NodeHeartbeat(sessions={sid: s.status for sid, s in self.sessions.items()})
+                reply = await self._http.post(
+                    f"{c.server_url}/nodes/{c.node_id}/heartbeat",
+                    content=beat.model_dump_json(),
+                )
+                if reply.status_code == 404:  # the server restarted: register again
+                    registered = False
+                    continue
+                reply.raise_for_status()
+                await self._obey(HeartbeatReply.model_validate_json(reply.content))
+            except (httpx.HTTPError, ValidationError) as exc:
+                _log.warning("rollout server %s unreachable: %s", c.server_url, exc)
+                registered = False
+            await asyncio.sleep(c.heartbeat_interval_s)
+
+    async def _obey(self, reply: HeartbeatReply) -> None:
+        for sid in reply.forget:
+            self.forget(sid)
+        for sid in reply.cancel:
+            _log.warning("cancelling session %s: the rollout server does not want it", sid)
+            await self.cancel(sid)
+            self.forget(sid)
+
+    async def wait_registered(self, timeout_s: float) -> None:
+        await asyncio.wait_for(self._registered.wait(), timeout_s)

@@ -1,0 +1,92 @@
+"""A gateway node's ``/node`` API, served next to its gateway's routes.
+
+``POST /node/sessions`` takes a :class:`SessionDispatch` (idempotent per
+session id); ``GET /node/sessions[/{id}]`` reports statuses and finished
+results; ``POST /node/sessions/{id}/cancel`` kills a session;
+``DELETE /node/sessions/{id}`` acknowledges a finished one (the node forgets
+it). Every route but ``/node/health`` wants the control token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from polar.proxy.app import Extension
+from polar.rollout.http import ApiError, body_of, guarded
+from polar.rollout.lifecycle import NodeSession
+from polar.rollout.node import DispatchConflict, Node
+from polar.rollout.protocol import SessionDispatch
+from polar.runtime.base import GatewayAddress
+
+
+def session_json(s: NodeSession) -> dict[str, object]:
+    return {
+        "session_id": s.id,
+        "task_id": s.dispatch.task_id,
+        "status": s.status.value,
+        "result": s.result.model_dump(mode="json") if s.result is not None else None,
+    }
+
+
+def node_extension(node: Node, address: Callable[[], GatewayAddress]) -> Extension:
+    """The node's routes, started with the gateway (``address``: where it listens)."""
+    token = node.config.control_token
+
+    def held(request: Request) -> NodeSession:
+        sid = request.path_params["session_id"]
+        s = node.sessions.get(sid)
+        if s is None:
+            raise ApiError(404, f"no session {sid} on node {node.config.node_id}", "not_found")
+        return s
+
+    async def health(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "node_id": node.config.node_id,
+                "capacity": node.config.capacity.model_dump(),
+                "sessions": node.load(),
+            }
+        )
+
+    async def dispatch(request: Request) -> Response:
+        d = await body_of(request, SessionDispatch)
+        try:
+            s = node.dispatch(d)
+        except DispatchConflict as exc:
+            raise ApiError(409, str(exc), "conflict") from None
+        return JSONResponse(session_json(s), status_code=202)
+
+    async def listing(request: Request) -> Response:
+        return JSONResponse({sid: s.status.value for sid, s in node.sessions.items()})
+
+    async def one(request: Request) -> Response:
+        return JSONResponse(session_json(held(request)))
+
+    async def cancel(request: Request) -> Response:
+        s = held(request)
+        await node.cancel(s.id)
+        return JSONResponse(session_json(s))
+
+    async def forget(request: Request) -> Response:
+        s = held(request)
+        if not node.forget(s.id):
+            raise ApiError(409, f"session {s.id} is still {s.status.value}", "conflict")
+        return Response(status_code=204)
+
+    routes = [
+        Route("/node/health", health, methods=["GET"]),
+        Route("/node/sessions", guarded(token, dispatch), methods=["POST"]),
+        Route("/node/sessions", guarded(token, listing), methods=["GET"]),
+        Route("/node/sessions/{session_id}", guarded(token, one), methods=["GET"]),
+        Route("/node/sessions/{session_id}", guarded(token, forget), methods=["DELETE"]),
+        Route("/node/sessions/{session_id}/cancel", guarded(token, cancel), methods=["POST"]),
+    ]
+
+    async def start() -> None:
+        await node.start(address())
+
+    return Extension(routes=routes, start=start, stop=node.stop)

@@ -1,0 +1,228 @@
+"""Wire models of the rollout service: what clients submit, what the server
+sends nodes, what nodes report back.
+
+One submission is one task run with ``num_samples`` sessions: one GRPO group.
+Sessions move through :class:`SessionStatus`; a node reports each finished
+session as a :class:`SessionResult` (its trainer samples included), and the
+server answers the submission with a :class:`TaskResult`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from polar.tasks.model import Task
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SessionStatus(StrEnum):
+    QUEUED = "queued"
+    """Waiting for a node (server) or for a preparation slot (node)."""
+    DISPATCHED = "dispatched"
+    """Sent to a node, which has not reported progress yet (server only)."""
+    PREPARING = "preparing"
+    """Workspace, runtime and set-up commands being prepared."""
+    READY = "ready"
+    """Prepared; waiting for an agent slot."""
+    RUNNING = "running"
+    """The harness is running (the session's timeout runs from here)."""
+    BUILDING = "building"
+    EVALUATING = "evaluating"
+    COMPLETED = "completed"
+    """Ran, built and scored."""
+    ERROR = "error"
+    """Could not be run, built or scored; ``error`` says why."""
+    TIMEOUT = "timeout"
+    """The harness ran past its timeout; the partial trajectory is kept, unscored."""
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset(
+    {SessionStatus.COMPLETED, SessionStatus.ERROR, SessionStatus.TIMEOUT, SessionStatus.CANCELLED}
+)
+
+
+class TaskStatus(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    """Every session ended (some may have failed: see the results)."""
+    CANCELLED = "cancelled"
+
+
+class HarnessSpec(_Model):
+    name: str = Field(min_length=1)
+    """A preset (``codex``, ``claude_code``, ``qwen_code``, ``pi``, ``opencode``,
+    ``mini_swe_agent``, ``shell``) or ``package.module:factory``."""
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskSubmission(_Model):
+    task: Task
+    harness: HarnessSpec
+    num_samples: int = Field(default=1, ge=1, le=1024)
+    builder: str = "prefix_merge"
+    session_timeout_s: float = Field(default=1800.0, gt=0)
+    """The agent's time budget; it starts when the harness starts, not at submission."""
+    early_stop_at: int | None = Field(default=None, ge=1)
+    """Cancel the rest once this many sessions completed with a reward."""
+    max_resamples: int = Field(default=0, ge=0, le=1024)
+    """Extra sessions the server may start to replace errored or timed-out ones."""
+    callback_url: str | None = None
+    group_id: str | None = Field(default=None, pattern=ID_PATTERN)
+    policy_version: int | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> TaskSubmission:
+        if self.early_stop_at is not None and self.early_stop_at > self.num_samples:
+            raise ValueError(
+                f"early_stop_at ({self.early_stop_at}) exceeds num_samples ({self.num_samples})"
+            )
+        if self.callback_url is not None and not self.callback_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ValueError("callback_url must start with http:// or https://")
+        return self
+
+
+class SessionDispatch(_Model):
+    """What the server sends a node to run one session."""
+
+    session_id: str = Field(pattern=ID_PATTERN)
+    task_id: str = Field(pattern=ID_PATTERN)
+    sample_index: int = Field(ge=0)
+    task: Task
+    harness: HarnessSpec
+    builder: str
+    session_timeout_s: float = Field(gt=0)
+    group_id: str
+    policy_version: int | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    result_url: str | None = None
+    """Where the node POSTs the :class:`SessionResult` (None: kept for polling)."""
+
+
+class SessionResult(_Model):
+    session_id: str
+    task_id: str
+    sample_index: int
+    node_id: str | None = None
+    """None: ended on the server without reaching a node (cancelled while queued, lost)."""
+    status: SessionStatus
+    reward: float | None = None
+    resolved: bool | None = None
+    error: str | None = None
+    evaluation: dict[str, Any] = Field(default_factory=dict)
+    """The evaluator's details (per-test outcomes, exit codes) and log tail."""
+    agent: dict[str, Any] = Field(default_factory=dict)
+    """How the harness ended: exit code, timed out, output tails."""
+    timings: dict[str, float] = Field(default_factory=dict)
+    """Seconds spent per stage: queued, preparing, ready, running, building, evaluating."""
+    accounting: dict[str, Any] = Field(default_factory=dict)
+    """Where the session's generated tokens went (delivered / quarantined and why)."""
+    samples: list[dict[str, Any]] = Field(default_factory=list)
+    """Trainer samples, one per trainable trace (``polar.trajectory`` export rows)."""
+    records: int = 0
+    """Completion records the gateway kept for the session."""
+
+    @property
+    def usable(self) -> bool:
+        """Completed with a reward: counts towards the group."""
+        return self.status is SessionStatus.COMPLETED and self.reward is not None
+
+
+class SessionView(_Model):
+    session_id: str
+    sample_index: int
+    status: SessionStatus
+    node_id: str | None = None
+    reward: float | None = None
+    error: str | None = None
+    replaced_by: str | None = None
+    """The session resampled in its place (it failed and the group was refilled)."""
+
+
+class TaskView(_Model):
+    task_id: str
+    task: str
+    """The dataset task's id."""
+    group_id: str
+    status: TaskStatus
+    harness: str
+    num_samples: int
+    created_at: float
+    finished_at: float | None = None
+    sessions: list[SessionView] = Field(default_factory=list)
+    counts: dict[str, int] = Field(default_factory=dict)
+    mean_reward: float | None = None
+    callback_error: str | None = None
+
+
+class TaskResult(_Model):
+    task_id: str
+    task: str
+    group_id: str
+    status: TaskStatus
+    policy_version: int | None = None
+    results: list[SessionResult]
+    """Every session's result, by sample index (replaced sessions included)."""
+    replaced: list[str] = Field(default_factory=list)
+    """Sessions that failed and were resampled (their results are still listed)."""
+    usable: int
+    mean_reward: float | None = None
+
+
+class NodeCapacity(_Model):
+    prepare: int = Field(default=2, ge=1)
+    run: int = Field(default=4, ge=1)
+    postrun: int = Field(default=2, ge=1)
+    ahead: int = Field(default=2, ge=0)
+    """Sessions prepared ahead of a free agent slot."""
+
+    @property
+    def sessions(self) -> int:
+        """Sessions a node takes at once (running or prepared ahead)."""
+        return self.run + self.ahead
+
+
+class NodeRegistration(_Model):
+    node_id: str = Field(pattern=ID_PATTERN)
+    url: str
+    capacity: NodeCapacity = Field(default_factory=NodeCapacity)
+    heartbeat_interval_s: float = Field(default=5.0, gt=0)
+
+
+class NodeHeartbeat(_Model):
+    sessions: dict[str, SessionStatus] = Field(default_factory=dict)
+    """Every session the node holds (running, or finished and not yet acknowledged)."""
+
+
+class HeartbeatReply(_Model):
+    """What the server wants of the sessions a heartbeat listed."""
+
+    forget: list[str] = Field(default_factory=list)
+    """Finished sessions whose results the server holds."""
+    cancel: list[str] = Field(default_factory=list)
+    """Sessions the server does not want (unknown to it, or of cancelled tasks)."""
+
+
+class NodeView(_Model):
+    node_id: str
+    url: str
+    capacity: NodeCapacity
+    healthy: bool
+    draining: bool
+    active: int
+    last_seen: float

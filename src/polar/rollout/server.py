@@ -1,0 +1,629 @@
+"""The rollout server: tasks in, groups of scored sessions out.
+
+A submitted task becomes ``num_samples`` queued sessions (one GRPO group). The
+dispatcher hands queued sessions to healthy, non-draining nodes, the least
+loaded first, never more than a node's capacity. Nodes POST each finished
+session's result to ``/callbacks/sessions``; the server stores it, then
+acknowledges it on the next heartbeat. A task finishes when all its sessions
+ended, or early once ``early_stop_at`` of them are usable (the rest are
+cancelled). Failed sessions (errors, timeouts, lost nodes) are resampled while
+``max_resamples`` allows.
+
+**Nothing is lost silently.** Every decision is stored before it is acted on
+(:mod:`polar.rollout.store`). A node silent for ``node_timeout_s`` gets no new
+sessions; after twice that, its sessions end ERROR (and are resampled if
+allowed). A heartbeat that lists a session the server does not know gets it
+cancelled (no orphans); a dispatched session a node no longer lists is
+reported lost. After a restart, queued sessions resume, dispatched ones are
+reconciled with their node's heartbeats once it re-registers, and those whose
+node never comes back are reported as lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from polar.rollout.config import ServerConfig
+from polar.rollout.events import EventHub
+from polar.rollout.http import ApiError, body_of, guarded, model_response
+from polar.rollout.protocol import (
+    HeartbeatReply,
+    NodeHeartbeat,
+    NodeRegistration,
+    NodeView,
+    SessionDispatch,
+    SessionResult,
+    SessionStatus,
+    TaskStatus,
+    TaskSubmission,
+)
+from polar.rollout.store import RolloutStore, SessionRow
+
+_log = logging.getLogger(__name__)
+
+LOST_GRACE_S = 10.0
+"""A dispatched session absent from its node's heartbeat this long after dispatch is lost."""
+MAX_WAIT_S = 300.0
+
+
+@dataclass(slots=True)
+class NodeState:
+    registration: NodeRegistration
+    last_seen: float = field(default_factory=time.monotonic)
+    draining: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.registration.node_id
+
+
+class RolloutServer:
+    def __init__(self, config: ServerConfig, *, public_url: str | None = None) -> None:
+        self.config = config
+        self.public_url = public_url or f"http://{config.host}:{config.port}"
+        self.store = RolloutStore(config.db)
+        self.events = EventHub()
+        self.nodes: dict[str, NodeState] = {}
+        self._wake = asyncio.Event()
+        self._finished = asyncio.Condition()
+        self._loops: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        self._http: httpx.AsyncClient | None = None
+        self._started_at = time.monotonic()
+
+    # ---------------------------------------------------------------- life
+
+    async def start(self) -> None:
+        token = self.config.control_token
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(headers=headers, timeout=30)
+        self._started_at = time.monotonic()
+        self._recover()
+        self._loops = [
+            asyncio.ensure_future(self._dispatch_loop()),
+            asyncio.ensure_future(self._monitor_loop()),
+        ]
+
+    async def stop(self) -> None:
+        self.events.close()
+        for task in [*self._loops, *self._background]:
+            task.cancel()
+        await asyncio.gather(*self._loops, *self._background, return_exceptions=True)
+        if self._http is not None:
+            await self._http.aclose()
+        self.store.close()
+
+    def _recover(self) -> None:
+        """After a restart: finish tasks whose sessions all ended, re-send owed callbacks."""
+        for t in self.store.tasks(limit=1_000_000):
+            if t.status is TaskStatus.RUNNING:
+                self._maybe_finish(t.task_id)
+            elif not t.callback_done and t.submission.callback_url:
+                self._spawn(self._callback(t.task_id))
+        in_flight = self.store.in_flight()
+        if in_flight:
+            _log.info(
+                "%d sessions were on nodes when the server stopped; waiting for their nodes",
+                len(in_flight),
+            )
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ---------------------------------------------------------------- tasks
+
+    def submit(self, submission: TaskSubmission) -> str:
+        task_id = f"t-{uuid.uuid4().hex[:16]}"
+        self.store.add_task(task_id, submission)
+        self.events.publish(
+            "task.submitted",
+            task_id=task_id,
+            task=submission.task.id,
+            num_samples=submission.num_samples,
+        )
+        self._wake.set()
+        return task_id
+
+    async def cancel_task(self, task_id: str) -> None:
+        t = self.store.task(task_id)
+        if t is None:
+            raise ApiError(404, f"no task {task_id}", "not_found")
+        if t.status is not TaskStatus.RUNNING:
+            return
+        self.store.update_task(task_id, cancel_requested=1)
+        await self._cancel_sessions(task_id, "the task was cancelled")
+
+    async def _cancel_sessions(self, task_id: str, reason: str) -> None:
+        for s in self.store.sessions_of(task_id):
+            if s.status is SessionStatus.QUEUED:
+                self.store.set_session(s.session_id, SessionStatus.CANCELLED, error=reason)
+                self._session_event(s.session_id)
+            elif not s.status.terminal and s.node_id is not None:
+                self._spawn(self._cancel_on_node(s.node_id, s.session_id))
+        self._maybe_finish(task_id)
+
+    async def _cancel_on_node(self, node_id: str, session_id: str) -> None:
+        node = self.nodes.get(node_id)
+        if node is None or self._http is None:
+            return  # the heartbeat reconciliation cancels it when the node returns
+        try:
+            reply = await self._http.post(
+                f"{node.registration.url}/node/sessions/{session_id}/cancel"
+            )
+            if reply.status_code == 404:
+                self._lost(session_id, f"node {node_id} no longer holds the session")
+        except httpx.HTTPError as exc:
+            _log.warning("could not cancel %s on %s: %s", session_id, node_id, exc)
+
+    async def wait_finished(self, task_id: str, timeout_s: float) -> bool:
+        async with self._finished:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._finished.wait_for(lambda: self._is_finished(task_id)), timeout_s
+                )
+        return self._is_finished(task_id)
+
+    def _is_finished(self, task_id: str) -> bool:
+        t = self.store.task(task_id)
+        return t is not None and t.status is not TaskStatus.RUNNING
+
+    def _maybe_finish(self, task_id: str) -> None:
+        t = self.store.task(task_id)
+        if t is None or t.status is not TaskStatus.RUNNING:
+            return
+        sessions = self.store.sessions_of(task_id)
+        if any(not s.status.terminal for s in sessions):
+            return
+        status = TaskStatus.CANCELLED if t.cancel_requested else TaskStatus.COMPLETED
+        self.store.update_task(task_id, status=status, finished_at=time.time())
+        view = self.store.view(task_id)
+        assert view is not None
+        self.events.publish(
+            "task.finished",
+            task_id=task_id,
+            status=status.value,
+            counts=view.counts,
+            mean_reward=view.mean_reward,
+        )
+        self._spawn(self._notify_finished())
+        if t.submission.callback_url:
+            self._spawn(self._callback(task_id))
+
+    async def _notify_finished(self) -> None:
+        async with self._finished:
+            self._finished.notify_all()
+
+    async def _callback(self, task_id: str) -> None:
+        t = self.store.task(task_id)
+        result = self.store.result(task_id)
+        if t is None or result is None or not t.submission.callback_url or self._http is None:
+            return
+        wait, error = 1.0, None
+        for attempt in range(1, self.config.callback_attempts + 1):
+            try:
+                reply = await self._http.post(
+                    t.submission.callback_url, content=result.model_dump_json()
+                )
+                if reply.status_code < 300:
+                    self.store.update_task(task_id, callback_done=1, callback_error=None)
+                    return
+                error = f"HTTP {reply.status_code}: {reply.text[:200]}"
+            except httpx.HTTPError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            _log.warning("callback for %s failed (attempt %d): %s", task_id, attempt, error)
+            if attempt < self.config.callback_attempts:
+                await asyncio.sleep(wait)
+                wait *= 2
+        self.store.update_task(
+            task_id,
+            callback_done=1,
+            callback_error=f"{self.config.callback_attempts} attempts failed; last: {error}",
+        )
+
+    # ---------------------------------------------------------------- results
+
+    def accept_result(self, result: SessionResult) -> None:
+        s = self.store.session(result.session_id)
+        if s is None or s.task_id != result.task_id:
+            raise ApiError(404, f"no session {result.session_id} of task {result.task_id}")
+        if s.status.terminal:
+            return  # delivered twice (a retry after a lost reply): already stored
+        if not result.status.terminal:
+            raise ApiError(422, f"status {result.status.value} is not a final status")
+        self.store.set_result(result)
+        self.events.publish(
+            "session.result",
+            task_id=s.task_id,
+            session_id=s.session_id,
+            sample_index=s.sample_index,
+            status=result.status.value,
+            reward=result.reward,
+            error=result.error,
+        )
+        self._after_session_ended(s.task_id, s.session_id, result.status, result.usable)
+
+    def _lost(self, session_id: str, reason: str) -> None:
+        s = self.store.session(session_id)
+        if s is None or s.status.terminal:
+            return
+        _log.warning("session %s lost: %s", session_id, reason)
+        self.store.set_session(session_id, SessionStatus.ERROR, error=reason)
+        self._session_event(session_id)
+        self._after_session_ended(s.task_id, session_id, SessionStatus.ERROR, False)
+
+    def _after_session_ended(
+        self, task_id: str, session_id: str, status: SessionStatus, usable: bool
+    ) -> None:
+        t = self.store.task(task_id)
+        assert t is not None
+        sub = t.submission
+        sessions = self.store.sessions_of(task_id)
+        wanted = t.status is TaskStatus.RUNNING and not t.cancel_requested and not t.early_stopped
+        if wanted and sub.early_stop_at is not None:
+            usable_count = sum(1 for s in sessions if s.result is not None and s.result.usable)
+            if usable_count >= sub.early_stop_at:
+                self.store.update_task(task_id, early_stopped=1)
+                self._spawn(self._cancel_sessions(task_id, "early stop: the group is full"))
+                return
+        failed = status in (SessionStatus.ERROR, SessionStatus.TIMEOUT)
+        resampled = len(sessions) - sub.num_samples
+        if wanted and failed and resampled < sub.max_resamples:
+            index = max(s.sample_index for s in sessions) + 1
+            replacement = self.store.add_session(task_id, index)
+            self.store.set_replaced(session_id, replacement)
+            self.events.publish(
+                "session.status",
+                task_id=task_id,
+                session_id=replacement,
+                sample_index=index,
+                status=SessionStatus.QUEUED.value,
+                replaces=session_id,
+            )
+            self._wake.set()
+            return
+        self._maybe_finish(task_id)
+
+    def _session_event(self, session_id: str) -> None:
+        s = self.store.session(session_id)
+        if s is not None:
+            self.events.publish(
+                "session.status",
+                task_id=s.task_id,
+                session_id=s.session_id,
+                sample_index=s.sample_index,
+                status=s.status.value,
+                node_id=s.node_id,
+                error=s.error,
+            )
+
+    # ---------------------------------------------------------------- nodes
+
+    def register(self, registration: NodeRegistration) -> None:
+        old = self.nodes.get(registration.node_id)
+        self.nodes[registration.node_id] = NodeState(
+            registration, draining=old.draining if old else False
+        )
+        self.events.publish("node.registered", node_id=registration.node_id, url=registration.url)
+        self._wake.set()
+
+    def heartbeat(self, node_id: str, beat: NodeHeartbeat) -> HeartbeatReply:
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise ApiError(404, f"node {node_id} is not registered", "not_found")
+        now = time.monotonic()
+        node.last_seen = now
+        forget: list[str] = []
+        cancel: list[str] = []
+        for sid, status in beat.sessions.items():
+            s = self.store.session(sid)
+            if s is None:
+                cancel.append(sid)  # not ours: an orphan from a lost dispatch
+                continue
+            if s.status.terminal:
+                # Stored or decided here (forget it), or ended here (cancelled while
+                # the node was unreachable, declared lost) while the node still runs it.
+                (forget if status.terminal else cancel).append(sid)
+                continue
+            if status.terminal:
+                self._spawn(self._fetch_result(node, sid))
+            elif status is not s.status and status is not SessionStatus.QUEUED:
+                self.store.set_session(sid, status, node_id=node_id)
+                self._session_event(sid)
+        held = set(beat.sessions)
+        wall = time.time()
+        for s in self.store.in_flight():
+            if (
+                s.node_id == node_id
+                and s.session_id not in held
+                and (s.dispatched_at is None or wall - s.dispatched_at > LOST_GRACE_S)
+            ):
+                self._lost(s.session_id, f"node {node_id} no longer holds the session")
+        return HeartbeatReply(forget=forget, cancel=cancel)
+
+    async def _fetch_result(self, node: NodeState, session_id: str) -> None:
+        """Pull a finished session's result that the node has not delivered yet."""
+        assert self._http is not None
+        try:
+            reply = await self._http.get(f"{node.registration.url}/node/sessions/{session_id}")
+            reply.raise_for_status()
+            raw = reply.json().get("result")
+            if raw is not None:
+                self.accept_result(SessionResult.model_validate(raw))
+        except (httpx.HTTPError, ValueError, ApiError) as exc:
+            _log.warning("could not fetch the result of %s: %s", session_id, exc)
+
+    def drain(self, node_id: str, draining: bool) -> NodeView:
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise ApiError(404, f"node {node_id} is not registered", "not_found")
+        node.draining = draining
+        if not draining:
+            self._wake.set()
+        return self.node_view(node)
+
+    def _healthy(self, node: NodeState) -> bool:
+        return time.monotonic() - node.last_seen < self.config.node_timeout_s
+
+    def _active(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for s in self.store.in_flight():
+            if s.node_id is not None:
+                counts[s.node_id] = counts.get(s.node_id, 0) + 1
+        return counts
+
+    def node_view(self, node: NodeState) -> NodeView:
+        return NodeView(
+            node_id=node.id,
+            url=node.registration.url,
+            capacity=node.registration.capacity,
+            healthy=self._healthy(node),
+            draining=node.draining,
+            active=self._active().get(node.id, 0),
+            last_seen=round(time.monotonic() - node.last_seen, 3),
+        )
+
+    # ---------------------------------------------------------------- loops
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.config.dispatch_interval_s * 10)
+            self._wake.clear()
+            try:
+                await self._dispatch_queued()
+            except Exception:
+                _log.exception("dispatch failed")
+                await asyncio.sleep(self.config.dispatch_interval_s)
+
+    async def _dispatch_queued(self) -> None:
+        queued = self.store.queued()
+        if not queued:
+            return
+        active = self._active()
+        for s in queued:
+            candidates = [
+                n
+                for n in self.nodes.values()
+                if self._healthy(n)
+                and not n.draining
+                and active.get(n.id, 0) < n.registration.capacity.sessions
+            ]
+            if not candidates:
+                return
+            node = max(
+                candidates,
+                key=lambda n: n.registration.capacity.sessions - active.get(n.id, 0),
+            )
+            if await self._send(node, s):
+                active[node.id] = active.get(node.id, 0) + 1
+
+    async def _send(self, node: NodeState, s: SessionRow) -> bool:
+        assert self._http is not None
+        t = self.store.task(s.task_id)
+        assert t is not None
+        sub = t.submission
+        dispatch = SessionDispatch(
+            session_id=s.session_id,
+            task_id=s.task_id,
+            sample_index=s.sample_index,
+            task=sub.task,
+            harness=sub.harness,
+            builder=sub.builder,
+            session_timeout_s=sub.session_timeout_s,
+            group_id=sub.group_id or s.task_id,
+            policy_version=sub.policy_version,
+            metadata=sub.metadata,
+            result_url=f"{self.public_url}/callbacks/sessions",
+        )
+        # Stored first: a crash between here and the node's answer is reconciled
+        # by the node's heartbeat (it holds the session, or it is lost).
+        self.store.set_session(
+            s.session_id, SessionStatus.DISPATCHED, node_id=node.id, dispatched=True
+        )
+        try:
+            reply = await self._http.post(
+                f"{node.registration.url}/node/sessions", content=dispatch.model_dump_json()
+            )
+        except httpx.HTTPError as exc:
+            _log.warning("node %s unreachable: %s", node.id, exc)
+            node.last_seen = time.monotonic() - self.config.node_timeout_s  # unhealthy now
+            self.store.set_session(s.session_id, SessionStatus.QUEUED, clear_node=True)
+            return False
+        if reply.status_code >= 500:
+            self.store.set_session(s.session_id, SessionStatus.QUEUED, clear_node=True)
+            return False
+        if reply.status_code >= 400:
+            self._lost(s.session_id, f"node {node.id} refused the session: {reply.text[:300]}")
+            return False
+        self._session_event(s.session_id)
+        return True
+
+    async def _monitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.config.node_timeout_s / 4))
+            try:
+                self._check_nodes()
+            except Exception:
+                _log.exception("node check failed")
+
+    def _check_nodes(self) -> None:
+        now = time.monotonic()
+        limit = 2 * self.config.node_timeout_s
+        for node in list(self.nodes.values()):
+            if now - node.last_seen > limit:
+                del self.nodes[node.id]
+                self.events.publish("node.lost", node_id=node.id)
+        if now - self._started_at <= limit:
+            return  # nodes that held sessions before a restart may still come back
+        for s in self.store.in_flight():
+            if s.node_id is not None and s.node_id not in self.nodes:
+                self._lost(s.session_id, f"node {s.node_id} stopped answering")
+
+
+# -------------------------------------------------------------------- HTTP
+
+
+def create_server_app(server: RolloutServer) -> Starlette:
+    token = server.config.control_token
+
+    def task_id_of(request: Request) -> str:
+        task_id: str = request.path_params["task_id"]
+        if server.store.task(task_id) is None:
+            raise ApiError(404, f"no task {task_id}", "not_found")
+        return task_id
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "nodes": len(server.nodes)})
+
+    async def submit(request: Request) -> Response:
+        submission = await body_of(request, TaskSubmission)
+        task_id = server.submit(submission)
+        view = server.store.view(task_id)
+        assert view is not None
+        return model_response(view, 201)
+
+    async def listing(request: Request) -> Response:
+        status = request.query_params.get("status")
+        try:
+            wanted = TaskStatus(status) if status else None
+        except ValueError:
+            raise ApiError(400, f"unknown status {status!r}") from None
+        rows = server.store.tasks(status=wanted)
+        views = [server.store.view(t.task_id) for t in rows]
+        return JSONResponse([v.model_dump(mode="json") for v in views if v is not None])
+
+    async def one(request: Request) -> Response:
+        view = server.store.view(task_id_of(request))
+        assert view is not None
+        return model_response(view)
+
+    async def result(request: Request) -> Response:
+        task_id = task_id_of(request)
+        raw_wait = request.query_params.get("wait", "0")
+        try:
+            wait = float(raw_wait)
+        except ValueError:
+            raise ApiError(400, f"wait must be a number of seconds, not {raw_wait!r}") from None
+        if not 0 <= wait <= MAX_WAIT_S:
+            raise ApiError(400, f"wait must be between 0 and {MAX_WAIT_S:g} seconds")
+        if not await server.wait_finished(task_id, wait):
+            view = server.store.view(task_id)
+            assert view is not None
+            return model_response(view, 202)
+        outcome = server.store.result(task_id)
+        assert outcome is not None
+        return model_response(outcome)
+
+    async def cancel(request: Request) -> Response:
+        task_id = task_id_of(request)
+        await server.cancel_task(task_id)
+        view = server.store.view(task_id)
+        assert view is not None
+        return model_response(view)
+
+    def events_response(task_id: str | None) -> Response:
+        stream: AsyncIterator[bytes] = server.events.stream(
+            task_id, until_finished=task_id is not None
+        )
+        return StreamingResponse(
+            stream,
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+        )
+
+    async def task_events(request: Request) -> Response:
+        return events_response(task_id_of(request))
+
+    async def all_events(request: Request) -> Response:
+        return events_response(None)
+
+    async def register(request: Request) -> Response:
+        server.register(await body_of(request, NodeRegistration))
+        return JSONResponse({"status": "registered"})
+
+    async def heartbeat(request: Request) -> Response:
+        beat = await body_of(request, NodeHeartbeat)
+        return model_response(server.heartbeat(request.path_params["node_id"], beat))
+
+    async def drain(request: Request) -> Response:
+        undo = request.query_params.get("undo", "false").lower() in ("1", "true", "yes")
+        return model_response(server.drain(request.path_params["node_id"], not undo))
+
+    async def nodes(request: Request) -> Response:
+        views = [server.node_view(n) for n in server.nodes.values()]
+        return JSONResponse([v.model_dump(mode="json") for v in views])
+
+    async def session_result(request: Request) -> Response:
+        server.accept_result(await body_of(request, SessionResult))
+        return JSONResponse({"status": "stored"})
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return JSONResponse(
+            {"error": {"type": "not_found", "message": f"{request.method} {request.url.path}"}},
+            status_code=404,
+        )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await server.start()
+        try:
+            yield
+        finally:
+            await server.stop()
+
+    def r(path: str, handler: object, method: str) -> Route:
+        return Route(path, guarded(token, handler), methods=[method])  # type: ignore[arg-type]
+
+    return Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            r("/tasks", submit, "POST"),
+            r("/tasks", listing, "GET"),
+            r("/tasks/{task_id}", one, "GET"),
+            r("/tasks/{task_id}/result", result, "GET"),
+            r("/tasks/{task_id}/cancel", cancel, "POST"),
+            r("/tasks/{task_id}/events", task_events, "GET"),
+            r("/events", all_events, "GET"),
+            r("/nodes", nodes, "GET"),
+            r("/nodes/register", register, "POST"),
+            r("/nodes/{node_id}/heartbeat", heartbeat, "POST"),
+            r("/nodes/{node_id}/drain", drain, "POST"),
+            r("/callbacks/sessions", session_result, "POST"),
+        ],
+        exception_handlers={404: not_found},
+        lifespan=lifespan,
+    )

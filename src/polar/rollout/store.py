@@ -1,0 +1,340 @@
+"""The rollout server's durable state: tasks, their sessions, and every result.
+
+One SQLite file (WAL). Everything the server decides is written here before it
+acts on it, so a restarted server knows each task, which node holds which
+session, and every result already received: it resumes queued sessions,
+reconciles dispatched ones with the nodes' heartbeats, and reports the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from polar.rollout.protocol import (
+    SessionResult,
+    SessionStatus,
+    SessionView,
+    TaskResult,
+    TaskStatus,
+    TaskSubmission,
+    TaskView,
+)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY,
+    submission TEXT NOT NULL,
+    status TEXT NOT NULL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    early_stopped INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    finished_at REAL,
+    callback_done INTEGER NOT NULL DEFAULT 0,
+    callback_error TEXT
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL REFERENCES tasks(task_id),
+    sample_index INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    node_id TEXT,
+    dispatched_at REAL,
+    updated_at REAL NOT NULL,
+    error TEXT,
+    replaced_by TEXT,
+    result TEXT,
+    UNIQUE (task_id, sample_index)
+);
+CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status);
+CREATE INDEX IF NOT EXISTS sessions_by_task ON sessions (task_id);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    task_id: str
+    submission: TaskSubmission
+    status: TaskStatus
+    cancel_requested: bool
+    early_stopped: bool
+    created_at: float
+    finished_at: float | None
+    callback_done: bool
+    callback_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    session_id: str
+    task_id: str
+    sample_index: int
+    status: SessionStatus
+    node_id: str | None
+    dispatched_at: float | None
+    updated_at: float
+    error: str | None
+    replaced_by: str | None
+    result: SessionResult | None
+
+
+class RolloutStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ---------------------------------------------------------------- writes
+
+    def add_task(self, task_id: str, submission: TaskSubmission) -> None:
+        now = time.time()
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute(
+                "INSERT INTO tasks (task_id, submission, status, created_at) VALUES (?, ?, ?, ?)",
+                (task_id, submission.model_dump_json(), TaskStatus.RUNNING.value, now),
+            )
+            for index in range(submission.num_samples):
+                self._insert_session(task_id, index, now)
+
+    def add_session(self, task_id: str, sample_index: int) -> str:
+        with self._db:
+            return self._insert_session(task_id, sample_index, time.time())
+
+    def _insert_session(self, task_id: str, index: int, now: float) -> str:
+        sid = f"{task_id}-s{index}"
+        self._db.execute(
+            "INSERT INTO sessions (session_id, task_id, sample_index, status, updated_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (sid, task_id, index, SessionStatus.QUEUED.value, now),
+        )
+        return sid
+
+    def set_session(
+        self,
+        session_id: str,
+        status: SessionStatus,
+        *,
+        node_id: str | None = None,
+        dispatched: bool = False,
+        error: str | None = None,
+        clear_node: bool = False,
+    ) -> None:
+        now = time.time()
+        self._db.execute(
+            "UPDATE sessions SET status = ?, updated_at = ?, "
+            "node_id = CASE WHEN ? THEN NULL ELSE COALESCE(?, node_id) END, "
+            "dispatched_at = CASE WHEN ? THEN ? WHEN ? THEN NULL ELSE dispatched_at END, "
+            "error = COALESCE(?, error) WHERE session_id = ?",
+            (
+                status.value,
+                now,
+                clear_node,
+                node_id,
+                dispatched,
+                now,
+                clear_node,
+                error,
+                session_id,
+            ),
+        )
+
+    def set_result(self, result: SessionResult) -> None:
+        self._db.execute(
+            "UPDATE sessions SET status = ?, updated_at = ?, error = ?, result = ?, "
+            "node_id = COALESCE(?, node_id) WHERE session_id = ?",
+            (
+                result.status.value,
+                time.time(),
+                result.error,
+                result.model_dump_json(),
+                result.node_id,
+                result.session_id,
+            ),
+        )
+
+    def set_replaced(self, session_id: str, replacement: str) -> None:
+        self._db.execute(
+            "UPDATE sessions SET replaced_by = ? WHERE session_id = ?", (replacement, session_id)
+        )
+
+    def update_task(self, task_id: str, **fields: object) -> None:
+        allowed = {
+            "status",
+            "cancel_requested",
+            "early_stopped",
+            "finished_at",
+            "callback_done",
+            "callback_error",
+        }
+        unknown = set(fields) - allowed
+        if unknown:
+            raise ValueError(f"unknown task fields {sorted(unknown)}")
+        values = [v.value if isinstance(v, TaskStatus) else v for v in fields.values()]
+        assignments = ", ".join(f"{name} = ?" for name in fields)
+        self._db.execute(
+            f"UPDATE tasks SET {assignments} WHERE task_id = ?",
+            (*values, task_id),
+        )
+
+    # ---------------------------------------------------------------- reads
+
+    def task(self, task_id: str) -> TaskRow | None:
+        row = self._db.execute("SELECT * FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        return None if row is None else _task_row(row)
+
+    def tasks(self, *, status: TaskStatus | None = None, limit: int = 100) -> list[TaskRow]:
+        if status is None:
+            rows = self._db.execute(
+                "SELECT * FROM tasks ORDER BY created_at DESC LIMIT ?", (limit,)
+            ).fetchall()
+        else:
+            rows = self._db.execute(
+                "SELECT * FROM tasks WHERE status = ? ORDER BY created_at DESC LIMIT ?",
+                (status.value, limit),
+            ).fetchall()
+        return [_task_row(r) for r in rows]
+
+    def session(self, session_id: str) -> SessionRow | None:
+        row = self._db.execute(
+            "SELECT * FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return None if row is None else _session_row(row)
+
+    def sessions_of(self, task_id: str) -> list[SessionRow]:
+        rows = self._db.execute(
+            "SELECT * FROM sessions WHERE task_id = ? ORDER BY sample_index", (task_id,)
+        ).fetchall()
+        return [_session_row(r) for r in rows]
+
+    def queued(self) -> list[SessionRow]:
+        """Queued sessions of running tasks, oldest task first."""
+        rows = self._db.execute(
+            "SELECT s.* FROM sessions s JOIN tasks t USING (task_id) "
+            "WHERE s.status = ? AND t.status = ? ORDER BY t.created_at, s.sample_index",
+            (SessionStatus.QUEUED.value, TaskStatus.RUNNING.value),
+        ).fetchall()
+        return [_session_row(r) for r in rows]
+
+    def in_flight(self) -> list[SessionRow]:
+        """Sessions handed to a node and not ended."""
+        terminal = [s.value for s in SessionStatus if s.terminal] + [SessionStatus.QUEUED.value]
+        marks = ", ".join("?" for _ in terminal)
+        rows = self._db.execute(
+            f"SELECT * FROM sessions WHERE status NOT IN ({marks})",
+            terminal,
+        ).fetchall()
+        return [_session_row(r) for r in rows]
+
+    # ---------------------------------------------------------------- views
+
+    def view(self, task_id: str) -> TaskView | None:
+        t = self.task(task_id)
+        if t is None:
+            return None
+        sessions = self.sessions_of(task_id)
+        counts: dict[str, int] = {}
+        for s in sessions:
+            counts[s.status.value] = counts.get(s.status.value, 0) + 1
+        rewards = [s.result.reward for s in sessions if s.result is not None and s.result.usable]
+        return TaskView(
+            task_id=t.task_id,
+            task=t.submission.task.id,
+            group_id=t.submission.group_id or t.task_id,
+            status=t.status,
+            harness=t.submission.harness.name,
+            num_samples=t.submission.num_samples,
+            created_at=t.created_at,
+            finished_at=t.finished_at,
+            sessions=[
+                SessionView(
+                    session_id=s.session_id,
+                    sample_index=s.sample_index,
+                    status=s.status,
+                    node_id=s.node_id,
+                    reward=s.result.reward if s.result is not None else None,
+                    error=s.error,
+                    replaced_by=s.replaced_by,
+                )
+                for s in sessions
+            ],
+            counts=counts,
+            mean_reward=_mean([r for r in rewards if r is not None]),
+            callback_error=t.callback_error,
+        )
+
+    def result(self, task_id: str) -> TaskResult | None:
+        t = self.task(task_id)
+        if t is None:
+            return None
+        sessions = self.sessions_of(task_id)
+        results = [s.result or _synthetic(s) for s in sessions]
+        usable = [r for r in results if r.usable]
+        return TaskResult(
+            task_id=task_id,
+            task=t.submission.task.id,
+            group_id=t.submission.group_id or task_id,
+            status=t.status,
+            policy_version=t.submission.policy_version,
+            results=results,
+            replaced=[s.session_id for s in sessions if s.replaced_by is not None],
+            usable=len(usable),
+            mean_reward=_mean([r.reward for r in usable if r.reward is not None]),
+        )
+
+
+def _synthetic(s: SessionRow) -> SessionResult:
+    """The result of a session that never produced one on a node."""
+    return SessionResult(
+        session_id=s.session_id,
+        task_id=s.task_id,
+        sample_index=s.sample_index,
+        node_id=s.node_id,
+        status=s.status,
+        error=s.error,
+    )
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _task_row(row: sqlite3.Row) -> TaskRow:
+    return TaskRow(
+        task_id=row["task_id"],
+        submission=TaskSubmission.model_validate_json(row["submission"]),
+        status=TaskStatus(row["status"]),
+        cancel_requested=bool(row["cancel_requested"]),
+        early_stopped=bool(row["early_stopped"]),
+        created_at=row["created_at"],
+        finished_at=row["finished_at"],
+        callback_done=bool(row["callback_done"]),
+        callback_error=row["callback_error"],
+    )
+
+
+def _session_row(row: sqlite3.Row) -> SessionRow:
+    raw = row["result"]
+    return SessionRow(
+        session_id=row["session_id"],
+        task_id=row["task_id"],
+        sample_index=row["sample_index"],
+        status=SessionStatus(row["status"]),
+        node_id=row["node_id"],
+        dispatched_at=row["dispatched_at"],
+        updated_at=row["updated_at"],
+        error=row["error"],
+        replaced_by=row["replaced_by"],
+        result=SessionResult.model_validate(json.loads(raw)) if raw else None,
+    )

@@ -1,0 +1,144 @@
+"""``polar serve``, ``polar submit`` and ``polar status`` as a user runs them:
+real subprocesses, a real rollout server and node on real ports, the real
+local sandbox. The agent is the ``shell`` harness (no model calls), so no
+engine is needed: the node's gateway points at a port nothing listens on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from polar.proxy.engines.vllm_process import free_port
+
+from support.paths import REPO
+
+TOKEN = "cli-control-token-0123456789"
+
+
+def polar(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "polar", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[str]:
+    port, node_port = free_port(), free_port()
+    config = tmp_path / "serve.yaml"
+    config.write_text(
+        f"""
+server:
+  port: {port}
+  db: {tmp_path / "rollout.db"}
+node:
+  sessions_dir: {tmp_path / "sessions"}
+  harness_cache: {REPO / ".cache" / "harness"}
+  heartbeat_interval_s: 0.5
+  gateway:
+    port: {node_port}
+    engine: {{kind: vllm, base_url: "http://127.0.0.1:{free_port()}", model: none}}
+    store: {{path: {tmp_path / "records.db"}}}
+"""
+    )
+    command = [sys.executable, "-m", "polar", "serve", "-c", str(config), "--token", TOKEN]
+    with (
+        (tmp_path / "serve.log").open("w") as log,
+        subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT) as proc,
+    ):
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    nodes = httpx.get(
+                        f"{url}/nodes", headers={"authorization": f"Bearer {TOKEN}"}
+                    ).json()
+                    if nodes:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+                assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+                time.sleep(0.2)
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def write_tasks(tmp_path: Path) -> Path:
+    workspace = tmp_path / "repo"
+    workspace.mkdir()
+    (workspace / "README").write_text("make a file named done\n")
+    tasks = tmp_path / "tasks.jsonl"
+    row = {
+        "id": "make-done",
+        "instruction": "Create a file named done.",
+        "workspace": {"kind": "directory", "path": "repo"},
+        "evaluator": {"kind": "command", "config": {"command": "test -f done"}},
+    }
+    tasks.write_text(json.dumps(row) + "\n")
+    return tasks
+
+
+def test_submit_runs_a_group_and_status_shows_it(served: str, tmp_path: Path) -> None:
+    tasks = write_tasks(tmp_path)
+    out = tmp_path / "results.jsonl"
+    env = {"POLAR_CONTROL_TOKEN": TOKEN}
+
+    result = polar(
+        "submit", str(tasks), "--harness", "shell", "--option", "command=touch done",
+        "--samples", "2", "--server", served, "--out", str(out), env=env,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("submitted t-") and lines[0].endswith("(make-done, 2 sessions)")
+    assert "make-done: completed, usable 2/2, mean reward 1.000" in lines[-1]
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["reward"] for r in row["results"]] == [1.0, 1.0]
+
+    shown = polar("status", "--server", served, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "node-1" in shown.stdout and "make-done [completed]" in shown.stdout
+    one = polar("status", row["task_id"], "--server", served, env=env)
+    assert f"{row['task_id']}-s0 completed  reward 1" in one.stdout
+
+
+def test_client_commands_fail_in_one_line(served: str, tmp_path: Path) -> None:
+    tasks = write_tasks(tmp_path)
+    no_token = polar("status", "--server", served)
+    assert no_token.returncode == 2
+    assert no_token.stderr.strip() == "polar status: error: missing or wrong control token"
+
+    missing = polar("submit", str(tmp_path / "nope.jsonl"), "--harness", "shell")
+    assert missing.returncode == 2
+    assert missing.stderr.strip().startswith("polar submit: error: ")
+    assert len(missing.stderr.strip().splitlines()) == 1
+
+    bad_option = polar("submit", str(tasks), "--harness", "shell", "--option", "novalue")
+    assert bad_option.stderr.strip() == (
+        "polar submit: error: --option wants KEY=VALUE, not 'novalue'"
+    )
+
+
+def test_serve_rejects_a_bad_config_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "serve.yaml"
+    config.write_text("server:\n  port: -1\nnode: {}\n")
+    result = polar("serve", "-c", str(config), "--check")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "polar serve: error: server.port: Input should be greater than or equal to 0"
+    )

@@ -1,0 +1,21 @@
+"""Token text for ids the tokenizer does not have: a model's embedding matrix is
+padded past the vocabulary (Qwen3: 151,936 rows, 151,669 tokens), and an
+untrained model samples those rows. They decode to nothing, as the tokenizer's
+own decode does, instead of failing the call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polar.proxy.render.tokens import TextStream, TokenText
+
+
+def test_ids_past_the_vocabulary_decode_to_nothing(tokenizer: Any) -> None:
+    text = TokenText(tokenizer)
+    hello = text.encode("hello")
+    past = len(tokenizer) + 10
+    assert text.bytes_of(past) == b""
+    assert text.decode([*hello, past, *hello]) == "hellohello"
+    assert tokenizer.decode([*hello, past, *hello]) == "hellohello"
+    stream = TextStream(text)
+    assert stream.feed([*hello, past]) + stream.feed(hello) + stream.flush() == "hellohello"

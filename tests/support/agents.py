@@ -1,0 +1,97 @@
+"""Tiny stand-in agents for lifecycle tests, run by the ``shell`` harness inside
+the session's sandbox, and evaluator plug-ins that misbehave on purpose.
+
+The agent is a real process tree talking to the real gateway over the
+sandbox's relay; only its decisions are canned.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from polar.reward.base import EvalContext, EvalResult
+from polar.tasks.model import DirectoryWorkspace, EvaluatorSpec, Task
+
+AGENT = r"""
+import json, os, subprocess, sys, time, urllib.request
+
+def chat(text):
+    body = {"model": os.environ["OPENAI_MODEL"], "messages": [{"role": "user", "content": text}]}
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                 "content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return json.load(reply)
+
+mode = sys.argv[1]
+if mode == "tree":
+    # a child, a grandchild in its own session, and this process: all must die
+    subprocess.Popen(["sleep", "7301"])
+    subprocess.Popen(["sh", "-c", "sleep 7302 & wait"], start_new_session=True)
+    open("started", "w").write("1")
+    time.sleep(7303)
+elif mode == "hang":
+    chat("first call")
+    open("started", "w").write("1")
+    time.sleep(7304)
+elif mode == "slow":
+    open("started", "w").write("1")
+    time.sleep(float(sys.argv[2]))
+    chat("after a while")
+    open("done", "w").write("1")
+elif mode == "ok":
+    chat("hello")
+    open("done", "w").write("1")
+elif mode == "fail":
+    print("the agent gave up", file=sys.stderr)
+    sys.exit(3)
+"""
+
+MARKERS = ("sleep 7301", "sleep 7302", "agent.py tree", "agent.py hang")
+
+
+def agent_task(root: Path, *, evaluator: EvaluatorSpec | None = None, task_id: str = "t") -> Task:
+    """A task whose workspace holds the stand-in agent; scored by ``test -f done``."""
+    workspace = root / f"{task_id}-workspace"
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / "agent.py").write_text(AGENT)
+    return Task(
+        id=task_id,
+        instruction="run the stand-in agent",
+        workspace=DirectoryWorkspace(path=workspace),
+        evaluator=evaluator
+        or EvaluatorSpec(kind="command", config={"command": "test -f done"}, timeout_s=60),
+    )
+
+
+def shell_harness(mode: str, *args: str) -> dict[str, Any]:
+    return {"name": "shell", "options": {"command": " ".join(["python3", "agent.py", mode, *args])}}
+
+
+def host_processes(needle: str) -> list[int]:
+    """Host pids whose command line contains ``needle``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if needle in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+class CrashingEvaluator:
+    async def evaluate(self, ctx: EvalContext) -> EvalResult:
+        raise RuntimeError("the evaluator fell over")
+
+
+def crashing(**config: Any) -> CrashingEvaluator:
+    """``support.agents:crashing``: an evaluator plug-in that raises."""
+    return CrashingEvaluator()
