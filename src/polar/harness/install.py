@@ -185,21 +185,8 @@ def install_node(runtime: NodeRuntime, cache_dir: Path, toolchain: Toolchain | N
         except OSError:
             pass
         stamp.unlink(missing_ok=True)
-        prefix = node_prefix(runtime, cache_dir)
-        prefix.mkdir(parents=True, exist_ok=True)
         # The package has no install script: --ignore-scripts loses nothing.
-        _run(
-            [
-                toolchain.npm, "install",
-                "--prefix", str(prefix),
-                "--cache", str(cache_dir / "npm-cache"),
-                "--save-exact", "--ignore-scripts",
-                "--no-audit", "--no-fund", "--no-update-notifier", "--loglevel=error",
-                runtime.spec,
-            ],
-            what=runtime.spec,
-            toolchain=toolchain,
-        )  # fmt: skip
+        _npm_add(runtime.spec, node_prefix(runtime, cache_dir), cache_dir, toolchain)
         try:
             done = subprocess.run(
                 [str(node), "--version"], capture_output=True, text=True, timeout=60, check=False
@@ -222,8 +209,8 @@ exec "$here/../node_modules/.bin/{bin}" "$@"
 """
 
 
-def _install_npm(package: NpmPackage, cache_dir: Path, toolchain: Toolchain) -> None:
-    prefix = npm_prefix(package, cache_dir)
+def _npm_add(spec: str, prefix: Path, cache_dir: Path, toolchain: Toolchain) -> None:
+    """``npm install`` one exact version into its own prefix, no install scripts."""
     prefix.mkdir(parents=True, exist_ok=True)
     _run(
         [
@@ -232,11 +219,16 @@ def _install_npm(package: NpmPackage, cache_dir: Path, toolchain: Toolchain) -> 
             "--cache", str(cache_dir / "npm-cache"),
             "--save-exact", "--ignore-scripts",
             "--no-audit", "--no-fund", "--no-update-notifier", "--loglevel=error",
-            package.spec,
+            spec,
         ],
-        what=package.spec,
+        what=spec,
         toolchain=toolchain,
     )  # fmt: skip
+
+
+def _install_npm(package: NpmPackage, cache_dir: Path, toolchain: Toolchain) -> None:
+    prefix = npm_prefix(package, cache_dir)
+    _npm_add(package.spec, prefix, cache_dir, toolchain)
     if package.install_scripts:
         # The scripts may run the CLI itself (opencode's checks `opencode --version`),
         # which would create its config and data directories in the installing

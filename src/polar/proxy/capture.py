@@ -27,9 +27,11 @@ from polar.ir import (
     MalformedToolCall,
     PromptLineage,
     PromptTokens,
+    RequestEdit,
     TokenLogprob,
 )
 from polar.proxy.engines.base import NO_HEADERS, ChatEngine, Headers, TokenEngine, TokenRequest
+from polar.proxy.maxtokens import ContextWindow, limited
 from polar.proxy.render.parse import OutputParser, ParserOptions, Piece
 from polar.proxy.render.splice import Transcript, plan_prompt
 from polar.proxy.render.template import ChatTemplate
@@ -43,6 +45,8 @@ class PreparedCall:
     """Known up front when the gateway rendered the prompt; else measured after."""
     malformed: list[MalformedToolCall] = field(default_factory=list)
     """Tool calls the gateway's parser could not read (filled while streaming)."""
+    edits: tuple[RequestEdit, ...] = ()
+    """Changes made while preparing (the output limit, :mod:`polar.proxy.maxtokens`)."""
 
 
 class Capture(Protocol):
@@ -54,9 +58,12 @@ class Capture(Protocol):
     @property
     def model(self) -> str: ...
 
-    def prepare(
+    async def prepare(
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
-    ) -> PreparedCall: ...
+    ) -> PreparedCall:
+        """Build the engine call, with the output limit of :mod:`polar.proxy.maxtokens`;
+        nothing is sent until its events are iterated."""
+        ...
 
     async def count_tokens(self, request: ChatRequest) -> int:
         """Prompt tokens the request would take (no splicing, no call made)."""
@@ -68,8 +75,9 @@ class Capture(Protocol):
 class EngineRendered:
     mode = CaptureMode.ENGINE_RENDERED
 
-    def __init__(self, engine: ChatEngine) -> None:
+    def __init__(self, engine: ChatEngine, *, context: ContextWindow | None = None) -> None:
         self.engine = engine
+        self.context = context or ContextWindow()
 
     @property
     def engine_name(self) -> str:
@@ -79,11 +87,17 @@ class EngineRendered:
     def model(self) -> str:
         return self.engine.model
 
-    def prepare(
+    async def prepare(
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
     ) -> PreparedCall:
+        context = await self.context.length()
+        # The engine renders the prompt: only it can say how long it is.
+        prompt = await self.engine.count_tokens(request) if context is not None else 0
+        request, edits = limited(
+            request, prompt_tokens=prompt, context=context, default=self.context.default_max_tokens
+        )
         call = self.engine.prepare(request, headers=headers)
-        return PreparedCall(body=call.body, events=call.events)
+        return PreparedCall(body=call.body, events=call.events, edits=edits)
 
     async def count_tokens(self, request: ChatRequest) -> int:
         return await self.engine.count_tokens(request)
@@ -102,9 +116,11 @@ class GatewayRendered:
         *,
         parser: ParserOptions,
         stop_token_ids: tuple[int, ...] = (),
+        context: ContextWindow | None = None,
     ) -> None:
         self.template = template
         self.engine = engine
+        self.context = context or ContextWindow()
         self._parser = parser
         self._stops = tuple(dict.fromkeys((template.end_of_turn_id, *stop_token_ids)))
 
@@ -122,7 +138,7 @@ class GatewayRendered:
         )
         return len(ids)
 
-    def prepare(
+    async def prepare(
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
     ) -> PreparedCall:
         plan = plan_prompt(
@@ -136,6 +152,12 @@ class GatewayRendered:
         tail = plan.tail_text
         in_reasoning = opt.reasoning and tail.rfind(opt.think_start) > tail.rfind(opt.think_end)
         parser = OutputParser(opt, tools=request.tools, in_reasoning=in_reasoning)
+        request, edits = limited(
+            request,
+            prompt_tokens=len(plan.ids),
+            context=await self.context.length(),
+            default=self.context.default_max_tokens,
+        )
         call = self.engine.prepare(
             TokenRequest(
                 prompt_ids=plan.ids,
@@ -147,7 +169,10 @@ class GatewayRendered:
             headers=headers,
         )
         prepared = PreparedCall(
-            body=call.body, events=self._parse(plan.ids, call.events, parser), lineage=plan.lineage
+            body=call.body,
+            events=self._parse(plan.ids, call.events, parser),
+            lineage=plan.lineage,
+            edits=edits,
         )
         prepared.malformed = parser.malformed
         return prepared

@@ -48,6 +48,17 @@ class EngineConfig(_Section):
         default_factory=dict,
         description="chat_template_kwargs sent with every call (e.g. enable_thinking).",
     )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="The model's context length in tokens (default: what the engine's "
+        "GET /v1/models reports as max_model_len). Output limits are kept within it.",
+    )
+    default_max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Output limit for calls that ask for none (default: the rest of the context).",
+    )
 
     @field_validator("base_url")
     @classmethod

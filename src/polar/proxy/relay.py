@@ -148,7 +148,7 @@ class Relay:
             attempt = 0
             while True:
                 attempt += 1
-                engine_call = self.capture.prepare(
+                engine_call = await self.capture.prepare(
                     call.request,
                     transcript,
                     headers={
@@ -200,7 +200,7 @@ class Relay:
                         error=error,
                         lineage=lineage,
                         malformed_tool_calls=tuple(prepared.malformed),
-                        edits=call.request.edits,
+                        edits=call.request.edits + prepared.edits,
                     )
 
                 sent_any = False

@@ -22,6 +22,7 @@ from polar.proxy.engines.sglang_tokens import SglangTokenEngine
 from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.engines.vllm import VllmChatEngine
 from polar.proxy.engines.vllm_tokens import VllmTokenEngine
+from polar.proxy.maxtokens import ContextWindow, context_from_models
 from polar.proxy.render.parse import ParserOptions, ToolFormat
 from polar.proxy.render.template import ChatTemplate
 
@@ -74,15 +75,29 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
+def context_window(config: EngineConfig) -> ContextWindow:
+    """The configured context length, else the engine's ``max_model_len`` (asked once)."""
+
+    async def fetch() -> int | None:
+        transport = _transport(config.model_copy(update={"max_connections": 1}))
+        try:
+            return context_from_models(await transport.get_json("/v1/models"), config.model)
+        finally:
+            await transport.aclose()
+
+    return ContextWindow(config.max_model_len, fetch, default_max_tokens=config.default_max_tokens)
+
+
 def build_capture(config: GatewayConfig) -> Capture:
     kind = config.engine.kind
+    context = context_window(config.engine)
     if config.capture is CaptureMode.ENGINE_RENDERED:
         if kind == "embedded":
             raise ConfigError(
                 "engine.kind: the embedded engine takes token ids; use capture: token_in_token_out"
             )
         chat = CHAT_ENGINES[kind](config.engine) if kind in CHAT_ENGINES else _plugin(kind)(config)
-        return EngineRendered(chat)
+        return EngineRendered(chat, context=context)
     tokens = TOKEN_ENGINES[kind](config.engine) if kind in TOKEN_ENGINES else _plugin(kind)(config)
     render = config.render
     path = render.tokenizer or QWEN3_TOKENIZER_DIR
@@ -105,4 +120,5 @@ def build_capture(config: GatewayConfig) -> Capture:
             tool_format=ToolFormat(render.tool_format), reasoning=render.reasoning
         ),
         stop_token_ids=tuple(render.stop_token_ids),
+        context=context,
     )

@@ -122,6 +122,13 @@ class EngineTransport:
     async def aclose(self) -> None:
         await self._pool.aclose()
 
+    async def get_json(self, path: str) -> Any:
+        """GET a path, return the decoded JSON reply."""
+        with _mapped_errors(path):
+            response = await self._pool.request("GET", path, b"", {})
+            content = await response.read()
+        return _json_reply(path, response.status, content)
+
     async def post_json(
         self, path: str, body: Any, headers: Mapping[str, str] | None = None
     ) -> Any:
@@ -131,12 +138,7 @@ class EngineTransport:
                 "POST", path, orjson.dumps(body), dict(headers or {})
             )
             content = await response.read()
-        if response.status >= 400:
-            raise _http_error(response.status, content)
-        try:
-            return orjson.loads(content)
-        except orjson.JSONDecodeError as exc:
-            raise EngineProtocolError(f"engine sent invalid JSON from {path}: {exc}") from exc
+        return _json_reply(path, response.status, content)
 
     async def stream_sse(
         self, path: str, body: Any, headers: Mapping[str, str] | None = None
@@ -169,6 +171,15 @@ class EngineTransport:
                 yield event
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
+
+
+def _json_reply(path: str, status: int, content: bytes) -> Any:
+    if status >= 400:
+        raise _http_error(status, content)
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError as exc:
+        raise EngineProtocolError(f"engine sent invalid JSON from {path}: {exc}") from exc
 
 
 def _http_error(status: int, body: bytes) -> EngineHTTPError:
