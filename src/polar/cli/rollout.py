@@ -205,19 +205,9 @@ def submit(
 
     from polar.rollout.client import RolloutError
     from polar.rollout.protocol import HarnessSpec, TaskSubmission
-    from polar.tasks import load_tasks
-    from polar.tasks.errors import TaskError
 
-    try:
-        loaded = load_tasks(tasks)
-    except TaskError as exc:
-        fail("submit", str(exc))
-    if task_id:
-        unknown = sorted(set(task_id) - {t.id for t in loaded})
-        if unknown:
-            fail("submit", f"no task {unknown[0]} in {tasks}")
-        loaded = [t for t in loaded if t.id in set(task_id)]
-    options = dict(_option(o) for o in option or [])
+    loaded = load_selected("submit", tasks, task_id)
+    options = dict(parse_option("submit", o) for o in option or [])
     try:
         submissions = [
             TaskSubmission(
@@ -262,10 +252,28 @@ def submit(
         )
 
 
-def _option(text: str) -> tuple[str, Any]:
+def load_selected(command: str, source: str, only: list[str] | None) -> list[Any]:
+    """The tasks of ``source`` (only those named in ``only``, if given); one-line errors."""
+    from polar.tasks import load_tasks
+    from polar.tasks.errors import TaskError
+
+    try:
+        loaded = load_tasks(source)
+    except TaskError as exc:
+        fail(command, str(exc))
+    if only:
+        unknown = sorted(set(only) - {t.id for t in loaded})
+        if unknown:
+            fail(command, f"no task {unknown[0]} in {source}")
+        loaded = [t for t in loaded if t.id in set(only)]
+    return loaded
+
+
+def parse_option(command: str, text: str) -> tuple[str, Any]:
+    """A harness option ``KEY=VALUE`` (the value as JSON when it parses)."""
     key, sep, value = text.partition("=")
     if not sep or not key:
-        fail("submit", f"--option wants KEY=VALUE, not {text!r}")
+        fail(command, f"--option wants KEY=VALUE, not {text!r}")
     try:
         return key, json.loads(value)
     except json.JSONDecodeError:

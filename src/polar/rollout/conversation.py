@@ -66,9 +66,12 @@ def conversation_messages(records: Sequence[CompletionRecord]) -> tuple[list[Mes
     for record in records[:-1]:
         # This call's reply sits right after its own prompt's messages.
         at = len(request_of(record).messages)
-        if record.message is not None and at < len(messages):
-            if messages[at].role is Role.ASSISTANT:
-                messages[at] = record.message
+        if (
+            record.message is not None
+            and at < len(messages)
+            and messages[at].role is Role.ASSISTANT
+        ):
+            messages[at] = record.message
     if last.message is not None:
         messages.append(last.message)
     return messages, request
