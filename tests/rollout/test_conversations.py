@@ -43,9 +43,7 @@ def test_a_session_returns_every_trace_with_the_conversation_the_model_had(
     assert result.status is SessionStatus.COMPLETED, result.error
     classes = [(s["chain_class"], s["trainable"]) for s in result.samples]
     assert sorted(classes) == [("main", True), ("side_call", False)]
-    assert [c["trace_id"] for c in result.conversations] == [
-        s["trace_id"] for s in result.samples
-    ]
+    assert [c["trace_id"] for c in result.conversations] == [s["trace_id"] for s in result.samples]
     by_class = {
         s["chain_class"]: c for s, c in zip(result.samples, result.conversations, strict=True)
     }
@@ -80,28 +78,23 @@ def test_a_session_returns_every_trace_with_the_conversation_the_model_had(
     assert side["messages"][1]["content"] == "\n\nBug fix"
 
 
-def test_by_default_a_session_returns_trainable_samples_only(
+def test_by_default_a_session_returns_trainable_samples_only_and_a_taken_id_is_refused(
     make_rollout: Callable[..., RolloutStack], tmp_path: Path
 ) -> None:
-    stack = make_rollout({"sessions": [CONVERSE_SCRIPT]})
+    stack = make_rollout({"sessions": [CONVERSE_SCRIPT, CONVERSE_SCRIPT]})
     with stack.client() as client:
         view = client.submit(submission(tmp_path))
-        (result,) = client.wait(view.task_id, timeout_s=120).results
-
-    assert view.task_id.startswith("t-")
-    assert [s["chain_class"] for s in result.samples] == ["main"]
-    assert result.conversations == []
-
-
-def test_a_task_id_already_taken_is_refused_and_nothing_runs_twice(
-    make_rollout: Callable[..., RolloutStack], tmp_path: Path
-) -> None:
-    stack = make_rollout({"sessions": [CONVERSE_SCRIPT]})
-    with stack.client() as client:
+        assert view.task_id.startswith("t-")
         client.submit(submission(tmp_path, task_id="gen.t1.a0"))
         with pytest.raises(RolloutError, match=r"task gen\.t1\.a0 already exists") as refused:
             client.submit(submission(tmp_path, task_id="gen.t1.a0"))
         assert refused.value.status == 409
-        assert [t.task_id for t in client.tasks()] == ["gen.t1.a0"]
-        client.wait("gen.t1.a0", timeout_s=120)
+        assert sorted(t.task_id for t in client.tasks()) == sorted([view.task_id, "gen.t1.a0"])
+        (result,) = client.wait(view.task_id, timeout_s=120).results
+        (again,) = client.wait("gen.t1.a0", timeout_s=120).results
+
+    for r in (result, again):
+        assert [s["chain_class"] for s in r.samples] == ["main"]
+        assert r.conversations == []
+    assert again.session_id == "gen.t1.a0-s0"
     stack.engine.assert_clean()
