@@ -293,3 +293,42 @@ def test_a_run_killed_mid_way_and_rerun_ends_as_an_uninterrupted_one(
         assert (out / name).read_bytes() == (generated / name).read_bytes(), name
     for name in ("tokens.parquet", "chat.parquet"):
         assert read_rows(out / name) == read_rows(generated / name), name
+
+
+def test_polar_sft_fine_tunes_on_the_token_export(
+    generated: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+    from typer.testing import CliRunner
+
+    from polar.cli import app
+
+    out = tmp_path / "sft"
+    args = [str(generated), "--model", str(tiny_model), "--out", str(out)]
+    args += ["--max-steps", "2", "--batch-size", "1", "--lr", "1e-3", "--device", "cpu"]
+    result = CliRunner().invoke(app, ["sft", *args])
+    assert result.exit_code == 0, result.output
+    assert "trained 2 steps on 2 rows" in result.stdout
+
+    labelled = sorted(
+        sum(1 for x in r["labels"] if x != IGNORE) for r in read_rows(generated / "tokens.parquet")
+    )
+    log = jsonl(out / "loss.jsonl")
+    assert [e["step"] for e in log] == [0, 1]
+    assert sorted(e["tokens"] for e in log) == labelled  # one row per step: each trained on once
+    assert all(e["loss"] > 0 and e["learning_rate"] == 1e-3 for e in log)
+    report = orjson.loads((out / "polar-sft.json").read_bytes())["report"]
+    assert (report["steps"], report["rows"], report["tokens"]) == (2, 2, sum(labelled))
+
+    start = AutoModelForCausalLM.from_pretrained(str(tiny_model))
+    tuned = AutoModelForCausalLM.from_pretrained(str(out))
+    changed = [
+        name
+        for (name, a), (_, b) in zip(
+            start.named_parameters(), tuned.named_parameters(), strict=True
+        )
+        if not torch.equal(a, b)
+    ]
+    assert changed, "training changed no weight"
+    assert (out / "tokenizer.json").is_file()

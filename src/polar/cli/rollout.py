@@ -30,7 +30,7 @@ class ServeConfig(BaseModel):
     node: NodeConfig
 
 
-def _node_defaults(
+def node_defaults(
     node: dict[str, Any], token: str | None, engine_url: str | None, engine_kind: str | None
 ) -> None:
     gateway = node.setdefault("gateway", {})
@@ -81,18 +81,18 @@ def serve(
         server["control_token"] = token
     if node_port is not None:
         node.setdefault("gateway", {})["port"] = node_port
-    raw = _raw(config)
+    raw = read_config("serve", config)
     data = merge(raw, overrides)
     for section in ("server", "node"):
         if not isinstance(data.get(section), dict):
             fail("serve", f"{config}: {section} must be a mapping")
     merged_node, server_section = data["node"], data["server"]
-    _node_defaults(merged_node, token, engine_url, engine_kind)
+    node_defaults(merged_node, token, engine_url, engine_kind)
     merged_node.setdefault(
         "server_url",
         f"http://{server_section.get('host', '127.0.0.1')}:{server_section.get('port', 8200)}",
     )
-    settings = _validate("serve", ServeConfig, data)
+    settings = validate_config("serve", ServeConfig, data)
     if check:
         typer.echo(settings.model_dump_json(indent=2))
         return
@@ -122,7 +122,7 @@ def node(
     check: Annotated[bool, typer.Option("--check", help="Validate, print, exit.")] = False,
 ) -> None:
     """Run a gateway node that joins a rollout server."""
-    raw = _raw(config)
+    raw = read_config("node", config)
     for key, value in (
         ("server_url", server_url),
         ("node_id", node_id),
@@ -134,22 +134,22 @@ def node(
     raw.setdefault("gateway", {})
     if port is not None:
         raw["gateway"]["port"] = port
-    _node_defaults(raw, token, engine_url, engine_kind)
-    settings = _validate("node", NodeConfig, raw)
+    node_defaults(raw, token, engine_url, engine_kind)
+    settings = validate_config("node", NodeConfig, raw)
     if check:
         typer.echo(settings.model_dump_json(indent=2))
         return
     _run("node", None, settings, log_level)
 
 
-def _raw(path: Path | None) -> dict[str, Any]:
+def read_config(command: str, path: Path | None) -> dict[str, Any]:
     try:
         return read_yaml(path) if path is not None else {}
     except ConfigError as exc:
-        fail("config", str(exc))
+        fail(command, str(exc))
 
 
-def _validate(command: str, model: type[M], data: dict[str, Any]) -> M:
+def validate_config(command: str, model: type[M], data: dict[str, Any]) -> M:
     try:
         return load_config(model, None, data)
     except ConfigError as exc:

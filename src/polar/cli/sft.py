@@ -14,11 +14,11 @@ from polar.cli.errors import configure_logging, fail
 from polar.cli.rollout import (
     TOKEN_ENV,
     ServeConfig,
-    _node_defaults,
-    _raw,
-    _validate,
     load_selected,
+    node_defaults,
     parse_option,
+    read_config,
+    validate_config,
 )
 
 
@@ -141,18 +141,18 @@ def _service_config(
 ) -> ServeConfig:
     from polar.proxy.config import merge
 
-    data = merge(_raw(config), {"server": {}, "node": {}})
+    data = merge(read_config("generate", config), {"server": {}, "node": {}})
     for section in ("server", "node"):
         if not isinstance(data.get(section), dict):
             fail("generate", f"{config}: {section} must be a mapping")
     node: dict[str, Any] = data["node"]
-    _node_defaults(node, None, engine_url, engine_kind)
+    node_defaults(node, None, engine_url, engine_kind)
     if model is not None:
         node.setdefault("gateway", {}).setdefault("engine", {})["model"] = model
     if "engine" not in node.get("gateway", {}):
         fail("generate", "no engine: give --engine-url and --engine-model, or --config")
     node.setdefault("server_url", "http://127.0.0.1:0")  # the local server's, once it listens
-    return _validate("generate", ServeConfig, data)
+    return validate_config("generate", ServeConfig, data)
 
 
 class _Display:
