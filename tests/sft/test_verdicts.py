@@ -262,3 +262,22 @@ def test_the_statistics_json_and_table_show_every_reason() -> None:
         "1 (duplicate 1) │" in text
     )
     assert "overall" in text and "4/5" in text
+
+
+def test_a_rollout_task_that_ended_without_a_session_is_an_error_attempt() -> None:
+    from polar.rollout.protocol import TaskResult, TaskStatus
+    from polar.sft.generate import last_result
+
+    task = TaskResult(
+        task_id="sft.fix-median.a0",
+        task="fix-median",
+        group_id="g",
+        status=TaskStatus.CANCELLED,
+        results=[],
+        usable=0,
+    )
+    (verdict,) = judge(
+        [(AttemptKey("fix-median", 0), summarize(last_result(task)))], RULE, Filters()
+    )
+    assert verdict.outcome is Outcome.ERROR
+    assert verdict.detail == "the rollout task ended cancelled without a session result"

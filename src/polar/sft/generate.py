@@ -40,7 +40,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from polar.atomicfile import atomic_path
 from polar.rollout.client import RolloutClient, RolloutError
-from polar.rollout.protocol import HarnessSpec, SessionResult, TaskResult, TaskSubmission
+from polar.rollout.protocol import (
+    HarnessSpec,
+    SessionResult,
+    SessionStatus,
+    TaskResult,
+    TaskSubmission,
+)
 from polar.sft.accept import Acceptance
 from polar.sft.export import (
     ExportCounts,
@@ -141,6 +147,20 @@ def rollout_task_id(run_id: str, key: AttemptKey, resubmission: int = 0) -> str:
         name = f"{_UNSAFE.sub('-', name)[:60]}-{digest}"
     suffix = f".r{resubmission}" if resubmission else ""
     return f"{run_id}.{name}.a{key.attempt}{suffix}"
+
+
+def last_result(task: TaskResult) -> SessionResult:
+    """The attempt's one session result; a task that ended without one (cancelled
+    on the server before it ran) is an attempt that ended in an error."""
+    if task.results:
+        return task.results[-1]
+    return SessionResult(
+        session_id=f"{task.task_id}-s0",
+        task_id=task.task_id,
+        sample_index=0,
+        status=SessionStatus.CANCELLED,
+        error=f"the rollout task ended {task.status.value} without a session result",
+    )
 
 
 ProgressCallback = Callable[[GenerationStats], None]
@@ -287,7 +307,7 @@ class Generation:
         while True:
             outcome = self._retrying(lambda: self.client.result(rollout_id, wait_s=POLL_S))
             if isinstance(outcome, TaskResult):
-                return key, outcome.results[-1]
+                return key, last_result(outcome)
             if self._stop.is_set():
                 raise futures.CancelledError()
 
