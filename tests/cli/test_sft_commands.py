@@ -32,6 +32,7 @@ def run(*args: str) -> tuple[int, str]:
         (("builtin", "--accept", "score > 1"), "unknown name 'score'"),
         (("builtin", "--attempts", "0"), "attempts"),
         (("builtin", "--format", "csv"), "formats"),
+        (("builtin", "--format", "jsonl", "--format", "jsonl"), "each export format at most once"),
         (("builtin", "--option", "nokey"), "--option wants KEY=VALUE, not 'nokey'"),
         (("builtin", "--max-in-flight", "0"), "max_in_flight"),
         (("builtin", "--timeout", "-1"), "session_timeout_s"),
@@ -61,7 +62,7 @@ def test_generate_refuses_a_missing_service_config(tmp_path: Path) -> None:
 
 
 def test_generate_into_a_run_made_with_other_settings_is_refused(tmp_path: Path) -> None:
-    """The journal is checked before any attempt starts; the service it started is stopped."""
+    """The journal is checked before the local service starts: refused at once."""
     out = tmp_path / "out"
     task = builtin_task("fix-median")
     first = GenerateConfig(
@@ -105,6 +106,8 @@ def tokens(tmp_path: Path) -> Path:
         ("too long", "no row to train on"),
         ("epochs", "epochs"),
         ("device", "device"),
+        ("out is data", "holds the data; choose another --out"),
+        ("out is a dir", "a non-empty directory that is not a polar sft output"),
     ],
 )
 def test_sft_refuses_bad_input_in_one_line(
@@ -131,8 +134,15 @@ def test_sft_refuses_bad_input_in_one_line(
         case "device":
             extra = ["--device", "tpu"]
     out = tmp_path / "out"
+    match case:
+        case "out is data":
+            out = tmp_path
+        case "out is a dir":
+            out.mkdir()
+            (out / "notes.txt").write_text("mine")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     code, stderr = run("sft", str(data), "--model", str(model), "--out", str(out), *extra)
     assert code == 2
     assert stderr.startswith("polar sft: error: ") and stderr.count("\n") == 1, stderr
     assert message in stderr
-    assert not out.exists()
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

@@ -49,8 +49,8 @@ def test_a_rerun_waits_on_what_the_server_still_has_and_resubmits_what_it_lost(
                 task=task, harness=harness, task_id=rollout_task_id(run_id, kept), num_samples=1
             )
         )
-        with Generation(config, [task], client, reattach=True, server=stack.url) as generation:
-            report = generation.run()
+        with Generation(config, [task], reattach=True, server=stack.url) as generation:
+            report = generation.run(client)
         on_server = sorted(t.task_id for t in client.tasks())
 
     assert not report.interrupted and report.incarnation == 2

@@ -109,24 +109,31 @@ def generate(
     configure_logging(log_level)
     display = _Display(len(loaded) * attempts)
 
-    def run(client: RolloutClient, *, reattach: bool, server: str) -> GenerationReport:
-        with Generation(
-            settings, loaded, client, reattach=reattach, server=server, on_progress=display
-        ) as generation:
-            return generation.run()
-
+    service = None
+    if server_url is None:
+        service = _service_config(config, engine_url, engine_kind, engine_model)
     try:
-        with display:
-            if server_url is not None:
+        # The journal is opened (and a mismatched rerun refused) before any service starts.
+        with (
+            Generation(
+                settings,
+                loaded,
+                reattach=service is None,
+                server=server_url or "local",
+                on_progress=display,
+            ) as generation,
+            display,
+        ):
+            if service is None:
+                assert server_url is not None
                 with RolloutClient(server_url, token=token) as client:
-                    report = run(client, reattach=True, server=server_url)
+                    report: GenerationReport = generation.run(client)
             else:
-                service = _service_config(config, engine_url, engine_kind, engine_model)
                 with (
                     local_service(service.server, service.node, out / "service") as address,
                     RolloutClient(address.url, token=address.token) as client,
                 ):
-                    report = run(client, reattach=False, server="local")
+                    report = generation.run(client)
     except (JournalError, RolloutError, ConfigError) as exc:
         fail("generate", str(exc))
     except OSError as exc:

@@ -10,7 +10,7 @@ it, and fine-tune on it.
 - :mod:`~polar.sft.train`: supervised fine-tuning on a token export
   (``polar sft``), the pure pieces in :mod:`~polar.sft.batching`.
 
-Python API: ``Generation(GenerateConfig(...), tasks, client, reattach=...)``
+Python API: ``Generation(GenerateConfig(...), tasks, reattach=...).run(client)``
 and ``finetune(FinetuneConfig(data=..., model=..., out=...))``.
 """
 

@@ -103,6 +103,15 @@ class GenerateConfig(BaseModel):
         Acceptance.parse(value)
         return value
 
+    @field_validator("formats")
+    @classmethod
+    def _formats(cls, value: tuple[ExportFormat, ...]) -> tuple[ExportFormat, ...]:
+        if not value:
+            raise ValueError("at least one export format")
+        if len(set(value)) != len(value):
+            raise ValueError("each export format at most once")
+        return value
+
     @property
     def acceptance(self) -> Acceptance:
         return Acceptance.parse(self.accept)
@@ -173,7 +182,6 @@ class Generation:
         self,
         config: GenerateConfig,
         tasks: Sequence[Task],
-        client: RolloutClient,
         *,
         reattach: bool,
         server: str = "",
@@ -181,7 +189,6 @@ class Generation:
     ) -> None:
         self.config = config
         self.tasks = {t.id: t for t in tasks}
-        self.client = client
         self.reattach = reattach
         self.on_progress = on_progress or (lambda stats: None)
         self.plan = [AttemptKey(t.id, k) for t in tasks for k in range(config.attempts)]
@@ -202,9 +209,12 @@ class Generation:
 
     # ---------------------------------------------------------------- the run
 
-    def run(self) -> GenerationReport:
-        """Run what is left of the plan, then write the outputs. Ctrl-C stops
-        early; the outputs are still written, from what was acknowledged."""
+    def run(self, client: RolloutClient) -> GenerationReport:
+        """Run what is left of the plan on ``client``'s server, then write the
+        outputs. Ctrl-C stops early; the outputs are still written, from what was
+        acknowledged. (The journal was opened and checked by the constructor, so
+        a caller can refuse a mismatched rerun before starting a service.)"""
+        self.client = client
         planned = set(self.plan)
         summaries = {k: s for k, s in self.journal.summaries().items() if k in planned}
         interrupted = False

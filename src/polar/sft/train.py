@@ -87,6 +87,23 @@ class FinetuneReport:
     seconds: float
 
 
+def check_out(config: FinetuneConfig) -> None:
+    """Refuse an ``out`` whose replacement would destroy something else: the data,
+    the model, or a directory that is not an earlier ``polar sft`` output."""
+    out = config.out.resolve()
+    for name, path in (("data", config.data), ("model", config.model)):
+        path = path.resolve()
+        if path == out or out in path.parents:
+            raise FinetuneError(f"--out {config.out}: holds the {name}; choose another --out")
+    if out.exists() and not out.is_dir():
+        raise FinetuneError(f"--out {config.out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / REPORT_FILE).is_file():
+        raise FinetuneError(
+            f"--out {config.out}: a non-empty directory that is not a polar sft output "
+            "(it would be replaced); choose another --out"
+        )
+
+
 def data_file(path: Path) -> Path:
     """The token export ``path`` names (a directory: its tokens.parquet or tokens.jsonl)."""
     if path.is_dir():
@@ -107,6 +124,7 @@ def finetune(config: FinetuneConfig, *, progress: bool = False) -> FinetuneRepor
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.monotonic()
+    check_out(config)
     try:
         rows = token_rows(data_file(config.data))
     except ExportFileError as exc:
