@@ -25,9 +25,11 @@ Common columns (schema version 1):
   ``content``; ``tool_calls`` a list of ``{id, type: "function", function:
   {name, arguments}}`` with ``arguments`` the JSON text the model wrote. Tool
   call ids are renumbered ``call_1``, ``call_2``... per row (the gateway's are
-  random; the model never sees them). Assistant turns are what the model
-  produced, whatever the harness sent back (see
-  :mod:`polar.rollout.conversation`).
+  random; the model never sees them). Assistant turns the model produced are
+  as it produced them, whatever the harness sent back (see
+  :mod:`polar.rollout.conversation`); an assistant turn the harness wrote
+  itself (Qwen Code opens with one) stays as the harness sent it. Only the
+  token export tells the two apart: its labels cover sampled tokens alone.
 - ``tools`` string: the JSON array of the tools offered, OpenAI style
   (``{"type": "function", "function": {"name", "description",
   "parameters"}}``). Text, not a nested column, so that tools with different

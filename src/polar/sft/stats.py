@@ -122,8 +122,9 @@ def stats_table(stats: GenerationStats) -> Any:
     from rich.table import Table
 
     table = Table(title=f"accept: {stats.accept}", title_justify="left")
-    for name in ("task", "attempts", "accepted", "rate", "tests failed", "timeout", "error"):
-        table.add_column(name, justify="left" if name == "task" else "right")
+    table.add_column("task", overflow="fold")  # a task id is never cut short
+    for name in ("attempts", "accepted", "rate", "tests failed", "timeout", "error"):
+        table.add_column(name, justify="right")
     table.add_column("filtered", justify="right")
 
     def row(name: str, t: Tally, *, bold: bool = False) -> None:
