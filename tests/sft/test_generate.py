@@ -34,9 +34,10 @@ from polar.sft.export import IGNORE, read_rows
 from support.paths import REPO
 from support.sft import attempt_scripts, tool_agent_command
 
-PLAN = {"fix-median": [True, False, True], "fix-slugify": [False, True, False]}
-"""Which attempts the scripted model solves: per task, attempt by attempt."""
-ATTEMPTS = 3
+PLAN = {"fix-median": [True, True], "fix-slugify": [False, True]}
+"""Which attempts the scripted model solves: per task, attempt by attempt.
+fix-median's second attempt repeats the first one's tokens (a duplicate)."""
+ATTEMPTS = 2
 
 
 def expected_outcomes() -> dict[tuple[str, int], tuple[str, str | None]]:
@@ -141,6 +142,12 @@ def test_the_statistics_are_exactly_what_the_script_deserves(generated: Path) ->
     ]
     assert stats["overall"] == tally(list(expected.values()))
     assert stats["overall"]["accepted"] == 2
+    assert stats["overall"]["rejected"] == {
+        "tests_failed": 1,
+        "timeout": 0,
+        "error": 0,
+        "filtered": 1,
+    }
 
 
 def test_labels_are_minus_100_exactly_where_the_model_did_not_sample(generated: Path) -> None:
@@ -262,7 +269,7 @@ def test_a_run_killed_mid_way_and_rerun_ends_as_an_uninterrupted_one(
         )
         try:
             deadline = time.monotonic() + 300
-            while done_attempts(out / "journal.sqlite") < 2:
+            while done_attempts(out / "journal.sqlite") < 1:
                 assert process.poll() is None, "the generator ended before it was killed"
                 assert time.monotonic() < deadline, "no attempt finished in 300 s"
                 time.sleep(0.2)
@@ -271,7 +278,7 @@ def test_a_run_killed_mid_way_and_rerun_ends_as_an_uninterrupted_one(
             process.wait()
         first = engine.assignments
     acknowledged = done_attempts(out / "journal.sqlite")
-    assert 2 <= acknowledged < total, f"killed after {acknowledged} of {total} attempts"
+    assert 1 <= acknowledged < total, f"killed after {acknowledged} of {total} attempts"
 
     with sqlite3.connect(out / "journal.sqlite") as db:
         finished = {

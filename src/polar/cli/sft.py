@@ -204,7 +204,9 @@ def _print_report(report: Any, out: Path) -> None:
 
     from polar.sft.stats import stats_table
 
-    console = Console(width=max(100, Console().width))
+    console = Console()
+    if not console.is_terminal:  # a log: the table at its natural width, never wrapped
+        console = Console(width=200)
     console.print(stats_table(report.stats))
     for name, rows in report.exports.rows.items():
         console.print(f"{out / name}: {rows} rows")
