@@ -17,7 +17,6 @@ logprobs for those tokens match the engine's.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ import trl
 from polar.bridges.rollouts import SessionSample
 from polar.bridges.trl import PolarRolloutFunc, polar_reward, rollout_func
 
-from support.bridges import BridgeStack, Expected, bridge_stack, expected_from_records
+from support.bridges import BridgeStack, Expected, expected_from_records
 from support.rollout import CONTROL_TOKEN
 
 pytestmark = [
@@ -37,11 +36,6 @@ pytestmark = [
     # TRL 1.16 still uses names transformers 5.23 deprecates (gradient_checkpointing).
     pytest.mark.filterwarnings("ignore:`.*` is deprecated and will be removed in v6:FutureWarning"),
 ]
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BridgeStack]:
-    yield from bridge_stack(tmp_path_factory.mktemp("trl"))
 
 
 class RecordingTrainer(trl.GRPOTrainer):

@@ -18,7 +18,7 @@ its sampled ids, the mask 1 exactly on sampled ids, their logprobs.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,8 @@ from polar.bridges.config import BridgeConfig
 from polar.ir import CompletionRecord, RecordStatus
 from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.proxy.store import SqliteStore
+from polar.rollout.client import RolloutClient
+from polar.rollout.protocol import TaskResult
 from polar.serverthread import ServerThread
 from polar.tinymodel import build_tiny_model
 
@@ -140,6 +142,16 @@ class BridgeStack:
     def records(self, session_id: str) -> list[CompletionRecord]:
         db = Path(self.rollout.node_config.gateway.store.path)
         return SqliteStore(db).records(session_id)
+
+    def session_rewards(self, task_ids: Iterable[str]) -> dict[str, float | None]:
+        """Polar's score of each session of the given tasks, from the rollout server."""
+        out: dict[str, float | None] = {}
+        with RolloutClient(self.rollout.url, token=CONTROL_TOKEN) as client:
+            for task_id in set(task_ids):
+                result = client.result(task_id)
+                assert isinstance(result, TaskResult), f"task {task_id} has not finished"
+                out.update({r.session_id: r.reward for r in result.results})
+        return out
 
     def close(self) -> None:
         self.rollout.close()
