@@ -33,8 +33,11 @@ from typing import Any
 import pytest
 
 from polar.bridges.rollouts import BridgeError
-from polar.bridges.slime import SlimeRollout, generate_rollout
+from polar.bridges.slime import SlimeRollout, generate_rollout, slime_samples, slime_shape
 from polar.proxy.config import ConfigError
+from polar.rollout.protocol import SessionResult, SessionStatus
+from polar.trajectory import ChainClass, TurnSpan, row_of
+from polar.trajectory import Sample as PolarSample
 
 from support.bridges import INSTRUCTIONS, BridgeStack, expected_from_records
 
@@ -152,3 +155,77 @@ def test_slime_bad_wiring_is_one_clear_error(stack: BridgeStack) -> None:
     with pytest.raises(BridgeError, match="evaluation"):
         generate_rollout(args, 0, DataSource(["rename-a"], 2), evaluation=True)
     args.polar_rollout.rollouts.close()
+
+
+def polar_sample(session_id: str, chain: int, chain_class: ChainClass) -> dict[str, Any]:
+    """An export row of a two-call trace (prompt 3 tokens, then 2 + 1 + 2)."""
+    return row_of(
+        PolarSample(
+            trace_id=f"{session_id}-{chain}",
+            session_id=session_id,
+            group_id="g",
+            builder="prefix_merge",
+            chain=chain,
+            segment=0,
+            chain_class=chain_class,
+            break_reason=None,
+            trainable=True,
+            policy_version=3,
+            prompt_ids=(1, 2, 3),
+            response_ids=(10, 11, 50, 12, 13),
+            loss_mask=(1, 1, 0, 1, 1),
+            rollout_logprobs=(-0.5, -0.25, 0.0, -1.0, -2.0),
+            logprob_mask=(1, 1, 0, 1, 1),
+            reward=1.0,
+            reward_scale=1.0,
+            finish_reason=None,
+            source_records=("r1", "r2"),
+            turn_offsets=(TurnSpan("r1", 0, 0, 2), TurnSpan("r2", 2, 3, 5)),
+            truncated_turns=0,
+            malformed_tool_calls=0,
+        )
+    )
+
+
+def session(session_id: str, index: int, rows: list[dict[str, Any]], **kw: Any) -> SessionResult:
+    return SessionResult(
+        session_id=session_id,
+        task_id="t",
+        sample_index=index,
+        status=kw.pop("status", SessionStatus.COMPLETED),
+        reward=kw.pop("reward", 1.0),
+        samples=rows,
+        **kw,
+    )
+
+
+def test_a_session_with_several_traces_takes_slimes_compact_shape() -> None:
+    source = DataSource(["rename-a"], 3)
+    (templates,) = source.get_samples(1)
+    sessions = [
+        session("s0", 0, [polar_sample("s0", 0, ChainClass.MAIN)]),
+        session(
+            "s1",
+            1,
+            [polar_sample("s1", 0, ChainClass.MAIN), polar_sample("s1", 1, ChainClass.SUB_AGENT)],
+        ),
+        session("s2", 2, [], status=SessionStatus.ERROR, reward=None, error="agent crashed"),
+    ]
+    shaped = slime_shape([slime_samples(templates, sessions, "g")])
+    (group,) = shaped
+    assert [len(traces) for traces in group] == [1, 2, 1]
+    first, (main, sub), (failed,) = group[0][0], group[1], group[2]
+    for s in (first, main, sub):
+        assert s.tokens == [1, 2, 3, 10, 11, 50, 12, 13] and s.response_length == 5
+        assert s.loss_mask == [1, 1, 0, 1, 1]
+        assert s.rollout_log_probs == [-0.5, -0.25, 0.0, -1.0, -2.0]
+        assert s.weight_versions == ["3"] and s.status is SlimeSample.Status.COMPLETED
+    assert main is not sub and main.rollout_id == sub.rollout_id == 1  # counted once by slime
+    assert first.rollout_id is None  # slime falls back to the sample index
+    assert failed.remove_sample and failed.reward == 0.0 and failed.tokens == []
+    assert failed.status is SlimeSample.Status.FAILED
+    assert failed.metadata["polar_error"] == "agent crashed"
+    # Without such a session, the default shape: one sample per session.
+    (templates,) = DataSource(["rename-a"], 1).get_samples(1)
+    plain = slime_shape([slime_samples(templates, sessions[:1], "g")])
+    assert plain == [[templates[0]]]

@@ -72,6 +72,14 @@ def slime_samples(
     return out
 
 
+def slime_shape(per_group: list[list[list[Any]]]) -> list[Any]:
+    """slime's default shape (group x sample) when every session gave one sample, else
+    its compact shape (group x session x trace), whose siblings share a ``rollout_id``."""
+    if any(len(traces) > 1 for group in per_group for traces in group):
+        return per_group
+    return [[traces[0] for traces in group] for group in per_group]
+
+
 def _status(sample: Any, session: SessionResult, trace: PolarSample | None) -> Any:
     status = type(sample).Status
     match session.status:
@@ -171,10 +179,7 @@ class SlimeRollout:
             slime_samples(group, current_sessions(result), result.group_id)
             for group, result in zip(groups, results, strict=True)
         ]
-        compact = any(len(traces) > 1 for group in per_group for traces in group)
-        samples: list[Any] = (
-            per_group if compact else [[traces[0] for traces in group] for group in per_group]
-        )
+        samples = slime_shape(per_group)
         sessions = [s for r in results for s in current_sessions(r)]
         metrics = {
             "polar/sessions": len(sessions),
