@@ -25,8 +25,16 @@ import pytest
 import torch
 import trl
 
-from polar.bridges.rollouts import SessionSample
-from polar.bridges.trl import PolarRolloutFunc, polar_reward, rollout_func
+from polar.bridges.rollouts import BridgeError, SessionSample
+from polar.bridges.trl import (
+    PolarRolloutFunc,
+    identical_runs,
+    polar_reward,
+    rollout_func,
+    trl_fields,
+)
+from polar.proxy.config import ConfigError
+from polar.rollout.protocol import SessionResult, SessionStatus
 
 from support.bridges import BridgeStack, Expected, expected_from_records
 from support.rollout import CONTROL_TOKEN
@@ -189,3 +197,35 @@ def test_two_grpo_steps_train_on_exactly_what_polar_recorded(
 
     weights = httpx.get(f"{stack.engine_url}/weights").json()
     assert weights["weights_version"] == 2  # pushed before step 1 and before step 2
+
+
+def test_equal_consecutive_prompts_are_one_group() -> None:
+    assert identical_runs(["a", "a", "b", "b", "a"]) == [(0, 2), (2, 2), (4, 1)]
+    chat = [{"role": "user", "content": "a"}]
+    assert identical_runs([chat, list(chat)]) == [(0, 2)]
+
+
+def test_a_session_without_tokens_is_unscorable_for_trl() -> None:
+    failed = SessionSample(
+        SessionResult(
+            session_id="s", task_id="t", sample_index=0, status=SessionStatus.ERROR, error="x"
+        ),
+        "g",
+        None,
+        0,
+        0,
+    )
+    fields = trl_fields([failed], end_token=7)
+    assert fields["prompt_ids"] == [[7]] and fields["completion_ids"] == [[7]]
+    assert fields["env_mask"] == [[0]] and fields["logprobs"] == [[None]]
+    assert fields["polar_reward"] == [None] and fields["polar_usable"] == [False]
+    assert polar_reward(["p"], ["c"], polar_reward=[None]) == [None]
+
+
+def test_polar_reward_refuses_a_trainer_wired_without_the_rollout_func() -> None:
+    with pytest.raises(BridgeError, match="needs the rollout_func"):
+        polar_reward(["p"], ["c"])
+    with pytest.raises(BridgeError, match="1 scores for 2 completions"):
+        polar_reward(["p", "p"], ["c", "d"], polar_reward=[1.0])
+    with pytest.raises(ConfigError, match="no such file"):
+        rollout_func("/nonexistent/trl-bridge.yaml")
