@@ -51,7 +51,7 @@ from polar.bridges.rollouts import (
     group_sessions,
 )
 from polar.proxy.config import ConfigError, describe_error
-from polar.rollout.http import ApiError, body_of, error_response
+from polar.rollout.http import ApiError, body_of, error_response, not_found
 from polar.trajectory import Sample
 
 
@@ -184,12 +184,6 @@ def create_app(config: NemoGymBridgeConfig, *, rollouts: PolarRollouts | None = 
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
-
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return JSONResponse(
-            {"error": {"type": "not_found", "message": f"{request.method} {request.url.path}"}},
-            status_code=404,
-        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
