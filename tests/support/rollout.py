@@ -79,16 +79,27 @@ class RolloutStack:
         self,
         root: Path,
         tokenizer: Any,
-        script: dict[str, Any],
+        script: dict[str, Any] | None,
         *,
         node: dict[str, Any] | None = None,
         server: dict[str, Any] | None = None,
         token_delay_s: float = 0.0,
+        engine: dict[str, Any] | None = None,
     ) -> None:
+        """``engine``: the node gateway's engine section, for a real engine
+        (then ``script`` is None and no scripted engine runs)."""
         self.root = root
-        self.engine = ScriptedEngine(
-            script_from_dict(script), tokenizer, token_delay_s=token_delay_s
-        ).start()
+        self.engine = (
+            ScriptedEngine(script_from_dict(script), tokenizer, token_delay_s=token_delay_s).start()
+            if script is not None
+            else None
+        )
+        engine_section = engine or {
+            "kind": "vllm",
+            "base_url": self.engine.url if self.engine else "",
+            "model": "scripted",
+            "retry_backoff_s": 0.01,
+        }
         self._threads: list[ServerThread] = []
         self.server_config = ServerConfig.model_validate(
             {
@@ -114,12 +125,7 @@ class RolloutStack:
                     "port": 0,
                     "admin_token": CONTROL_TOKEN,
                     "capture": "token_in_token_out",
-                    "engine": {
-                        "kind": "vllm",
-                        "base_url": self.engine.url,
-                        "model": "scripted",
-                        "retry_backoff_s": 0.01,
-                    },
+                    "engine": engine_section,
                     "store": {"path": str(root / "records.db")},
                 },
                 **(node or {}),
@@ -158,4 +164,5 @@ class RolloutStack:
     def close(self) -> None:
         for thread in reversed(self._threads):
             thread.stop()
-        self.engine.stop()
+        if self.engine is not None:
+            self.engine.stop()
