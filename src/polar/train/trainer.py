@@ -87,9 +87,17 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
         _tasks(config.eval.tasks, config.eval.task_ids, "eval") if config.eval.tasks else []
     )
     resume_from = _resume_path(config)
+    # Weight sync: every gateway answers, every engine can load weights (or we stop here).
+    sync = WeightSync.from_settings(config.weight_sync)
+    try:
+        versions = sync.check()
+    except Exception:
+        sync.close()
+        raise
     dtype = torch.float32 if config.optim.dtype == "float32" else torch.bfloat16
     source = resume_from / "model" if resume_from else config.model
     if not (source / "config.json").is_file():
+        sync.close()
         raise TrainError(f"model: no Hugging Face model in {source}")
     model: Any = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
     model.train(False)
@@ -112,13 +120,6 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
     state = restore(resume_from, optimizer, scheduler) if resume_from else TrainState()
     counters = state.counters
 
-    # Weight sync: every gateway answers, every engine can load weights (or we stop here).
-    sync = WeightSync.from_settings(config.weight_sync)
-    try:
-        versions = sync.check()
-    except Exception:
-        sync.close()
-        raise
     if resume_from is None:
         state.policy_version = max(versions)
     if config.weight_sync.sync_on_start:
