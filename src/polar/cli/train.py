@@ -11,7 +11,9 @@ from polar.cli.errors import configure_logging, fail
 
 
 def train(
-    config: Annotated[Path, typer.Argument(help="Training config (YAML); fields in polar.train.config.")],
+    config: Annotated[
+        Path, typer.Argument(help="Training config (YAML); fields in polar.train.config.")
+    ],
     steps: Annotated[int | None, typer.Option(help="Override the config's steps.")] = None,
     output_dir: Annotated[
         Path | None, typer.Option(help="Override the config's output_dir.")
