@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 
 from polar.rollout.protocol import SessionResult, SessionStatus, TaskResult, TaskStatus
@@ -147,3 +148,22 @@ def talker_task(root: Path, task_id: str, mode: str) -> dict[str, Any]:
 
 
 TALKER_HARNESS = {"name": "shell", "options": {"command": "python3 agent.py {instruction}"}}
+
+
+def greedy_next(url: str, prompt: list[int], model: str = "tiny") -> tuple[int, float]:
+    """An engine's (vLLM's API) greedy next token after ``prompt`` and its logprob."""
+    reply = httpx.post(
+        f"{url}/v1/completions",
+        json={
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": 0,
+            "return_token_ids": True,
+        },
+        timeout=120,
+    )
+    reply.raise_for_status()
+    choice = reply.json()["choices"][0]
+    return int(choice["token_ids"][0]), float(choice["logprobs"]["token_logprobs"][0])

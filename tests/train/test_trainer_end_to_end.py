@@ -40,27 +40,10 @@ from polar.train.weightsync import PushReport
 
 from conftest import EmbeddedEngine
 from support.rollout import CONTROL_TOKEN, RolloutStack
-from support.training import TALKER_HARNESS, talker_task
+from support.training import TALKER_HARNESS, greedy_next, talker_task
 from support.waiting import wait_until
 
 FIXED_TEXT = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
-
-
-def _engine_logprob(url: str, prompt: list[int]) -> tuple[int, float]:
-    """The greedy next token after ``prompt`` and its logprob, from the engine."""
-    reply = httpx.post(
-        f"{url}/v1/completions",
-        json={
-            "model": "tiny",
-            "prompt": prompt,
-            "max_tokens": 1,
-            "temperature": 0,
-            "logprobs": 1,
-        },
-        timeout=60,
-    ).json()
-    choice = reply["choices"][0]
-    return choice["token_ids"][0], choice["logprobs"]["token_logprobs"][0]
 
 
 @pytest.mark.slow
@@ -88,7 +71,7 @@ def test_two_asynchronous_grpo_steps_end_to_end(
     )
     client = stack.client()
     fixed = list(tokenizer.encode(FIXED_TEXT, add_special_tokens=False))
-    _, logprob_before = _engine_logprob(embedded_engine.url, fixed)
+    _, logprob_before = greedy_next(embedded_engine.url, fixed)
 
     def sessions_of(task: str) -> list[str]:
         (view,) = [v for v in client.tasks() if v.task == task]
@@ -211,7 +194,7 @@ def test_two_asynchronous_grpo_steps_end_to_end(
     # The engine now answers with the trained weights: the fixed prompt's logprob
     # changed and equals the trainer's for the final weights.
     final = AutoModelForCausalLM.from_pretrained(str(result.checkpoint / "model"))
-    token_after, logprob_after = _engine_logprob(embedded_engine.url, fixed)
+    token_after, logprob_after = greedy_next(embedded_engine.url, fixed)
     assert logprob_after != pytest.approx(logprob_before, abs=1e-6)
     (trainer_logprob,) = sequence_logprobs(final, [*fixed, token_after], len(fixed))
     assert logprob_after == pytest.approx(trainer_logprob, abs=1e-4)

@@ -27,6 +27,7 @@ from polar.serverthread import ServerThread
 from polar.tinymodel import build_tiny_model
 
 from support.stack import ADMIN_TOKEN, BASH_TOOL
+from support.training import greedy_next
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -276,25 +277,6 @@ def test_token_mode_records_the_same_prompts_on_vllm_and_the_embedded_engine(
         runner.close()
 
 
-def _greedy_next(url: str, prompt: list[int]) -> tuple[int, float]:
-    """vLLM's greedy next token after ``prompt`` and its logprob."""
-    reply = httpx.post(
-        f"{url}/v1/completions",
-        json={
-            "model": "tiny",
-            "prompt": prompt,
-            "max_tokens": 1,
-            "temperature": 0,
-            "logprobs": 0,
-            "return_token_ids": True,
-        },
-        timeout=120,
-    )
-    reply.raise_for_status()
-    choice = reply.json()["choices"][0]
-    return int(choice["token_ids"][0]), float(choice["logprobs"]["token_logprobs"][0])
-
-
 def test_a_weight_push_reaches_vllm_and_aborts_no_call(
     gateway: Any, vllm: VllmProcess, tokenizer: Any, tmp_path: Path
 ) -> None:
@@ -317,7 +299,7 @@ def test_a_weight_push_reaches_vllm_and_aborts_no_call(
 
     server, db = gateway
     fixed = list(tokenizer.encode("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"))
-    token_before, logprob_before = _greedy_next(vllm.url, fixed)
+    token_before, logprob_before = greedy_next(vllm.url, fixed)
     original = save_weights(
         AutoModelForCausalLM.from_pretrained(str(vllm.model_dir)), tmp_path / "weights", 0
     )
@@ -347,7 +329,7 @@ def test_a_weight_push_reaches_vllm_and_aborts_no_call(
         report = sync.push(pushed, 1)
         thread.join(120)
         after = _call(server.url, key, body | {"max_tokens": 4, "stream": False})
-        token_after, logprob_after = _greedy_next(vllm.url, fixed)
+        token_after, logprob_after = greedy_next(vllm.url, fixed)
     finally:
         sync.engines[0].load(original, 0)
         sync.close()
