@@ -12,6 +12,8 @@ import pytest
 
 from polar.proxy.config import ConfigError
 from polar.train.config import load_train_config
+from polar.train.reload import WeightSyncError
+from polar.train.trainer import train
 
 GOOD = """
 model: {model}
@@ -66,9 +68,9 @@ def test_polar_train_with_a_bad_config_is_one_line_and_exit_2(tmp_path: Path) ->
 
 
 def test_an_unreachable_gateway_stops_the_run_at_start(tmp_path: Path) -> None:
+    """Before the model loads or anything is submitted (in-process: the CLI's
+    error path is the test above)."""
     config = tmp_path / "train.yaml"
     config.write_text(GOOD.format(model=tmp_path) + f"output_dir: {tmp_path / 'run'}\n")
-    result = polar("train", str(config))
-    assert result.returncode == 1
-    (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("polar train: error: gateway at http://127.0.0.1:9"), line
+    with pytest.raises(WeightSyncError, match=r"^gateway at http://127.0.0.1:9: GET /admin/status"):
+        train(load_train_config(config))

@@ -21,6 +21,7 @@ def train(
 ) -> None:
     """Train a policy with GRPO on groups from a rollout server, pushing weights to the engines."""
     from polar.proxy.config import ConfigError
+    from polar.rollout.client import RolloutError
     from polar.train.checkpoint import CheckpointError
     from polar.train.config import load_train_config
     from polar.train.reload import WeightSyncError
@@ -39,7 +40,7 @@ def train(
     configure_logging("warning")
     try:
         result = run(parsed)
-    except (TrainError, WeightSyncError, CheckpointError) as exc:
+    except (TrainError, WeightSyncError, CheckpointError, RolloutError) as exc:
         fail("train", str(exc), code=1)
     typer.echo(
         f"trained {result.steps} steps; policy version {result.policy_version}; "
