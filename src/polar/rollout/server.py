@@ -127,7 +127,9 @@ class RolloutServer:
     # ---------------------------------------------------------------- tasks
 
     def submit(self, submission: TaskSubmission) -> str:
-        task_id = f"t-{uuid.uuid4().hex[:16]}"
+        task_id = submission.task_id or f"t-{uuid.uuid4().hex[:16]}"
+        if self.store.task(task_id) is not None:
+            raise ApiError(409, f"task {task_id} already exists", "conflict")
         self.store.add_task(task_id, submission)
         self.events.publish(
             "task.submitted",
@@ -446,6 +448,8 @@ class RolloutServer:
             session_timeout_s=sub.session_timeout_s,
             group_id=sub.group_id or s.task_id,
             policy_version=sub.policy_version,
+            all_traces=sub.all_traces,
+            conversations=sub.conversations,
             metadata=sub.metadata,
             result_url=f"{self.public_url}/callbacks/sessions",
         )
