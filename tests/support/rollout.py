@@ -1,5 +1,6 @@
 """A whole rollout service on this machine for tests: the scripted engine, a
-rollout server and a gateway node, each a real HTTP server on its own port.
+rollout server and a gateway node (its gateway and its API on two ports, served
+from one event loop as ``polar node`` does), each a real HTTP server.
 
 The node runs sessions in the real ``local`` runtime (bubblewrap) with the real
 harness CLIs from ``.cache/harness``; only the model is scripted.
@@ -7,13 +8,18 @@ harness CLIs from ``.cache/harness``; only the model is scripted.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from pathlib import Path
 from typing import Any
+
+import uvicorn
 
 from polar.proxy.engines.scripted import ScriptedEngine, script_from_dict
 from polar.rollout.client import RolloutClient
 from polar.rollout.config import NodeConfig, ServerConfig
-from polar.rollout.deploy import NodeService, node_service
+from polar.rollout.deploy import NodeService, listening_socket, node_service
 from polar.rollout.server import RolloutServer, create_server_app
 from polar.serverthread import ServerThread
 from polar.tasks.builtin import solution_patch, wrong_patch
@@ -74,6 +80,57 @@ def group_script(harness: str, task_id: str, correct: list[bool]) -> dict[str, A
     }
 
 
+class NodeThread:
+    """A node's two servers (gateway, API) on one event loop in a background thread,
+    as :func:`polar.rollout.deploy.serve` runs them."""
+
+    def __init__(self, service: NodeService) -> None:
+        self._sockets = [listening_socket("127.0.0.1", 0), listening_socket("127.0.0.1", 0)]
+        gateway, control = (sock.getsockname()[:2] for sock in self._sockets)
+        service.bind(*gateway)
+        service.bind_control(*control)
+        self.gateway_url = f"http://{gateway[0]}:{gateway[1]}"
+        self.control_url = f"http://{control[0]}:{control[1]}"
+        self._servers = [
+            uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio"))
+            for app in (service.app, service.control_app)
+        ]
+        self._thread = threading.Thread(target=self._run, name="node", daemon=True)
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        async def both() -> None:
+            await asyncio.gather(
+                *(
+                    s.serve(sockets=[sock])
+                    for s, sock in zip(self._servers, self._sockets, strict=True)
+                )
+            )
+
+        try:
+            asyncio.run(both())
+        except BaseException as exc:
+            self._error = exc
+
+    def start(self, timeout_s: float = 60.0) -> NodeThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not all(s.started for s in self._servers):
+            if not self._thread.is_alive():
+                raise RuntimeError(f"the node failed to start: {self._error!r}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the node did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.should_exit = True
+        self._thread.join(timeout=60)
+        for sock in self._sockets:
+            sock.close()
+
+
 class RolloutStack:
     def __init__(
         self,
@@ -89,7 +146,7 @@ class RolloutStack:
         self.engine = ScriptedEngine(
             script_from_dict(script), tokenizer, token_delay_s=token_delay_s
         ).start()
-        self._threads: list[ServerThread] = []
+        self._threads: list[ServerThread | NodeThread] = []
         self.server_config = ServerConfig.model_validate(
             {
                 "port": 0,
@@ -143,8 +200,7 @@ class RolloutStack:
 
     def start_node(self) -> None:
         self.service: NodeService = node_service(self.node_config)
-        thread = ServerThread(self.service.app)
-        self.service.bind(thread.host, thread.port)
+        thread = NodeThread(self.service)
         self.node_thread = thread.start()
         self._threads.append(thread)
 
