@@ -163,7 +163,7 @@ def test_the_create_command_line_maps_the_spec(tmp_path: Path) -> None:
         options={"runtime": "runc", "ulimits": "nofile=4096:4096"},
     )
     runtime = DockerRuntime(spec, tmp_path / "s", GatewayAddress("127.0.0.1", 8000))
-    state = StateDir(tmp_path / "state")
+    state = StateDir(tmp_path / "state", tmp_path / "s" / ".polar-rw")
 
     argv = runtime.create_argv("podman", state)
 

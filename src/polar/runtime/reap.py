@@ -59,16 +59,19 @@ async def reap(
 
 
 async def _containers(owner: str) -> int:
-    removed = 0
+    removed: set[str] = set()
     for client in filter(None, map(shutil.which, CLIENTS)):
         listed = await run_cli(
             [client, "ps", "-a", "-q", "--filter", f"label={OWNER_LABEL}={owner}"], 60
         )
-        ids = listed.stdout.split() if listed.returncode == 0 else []
+        # ``docker`` may be podman under another name: count each container once.
+        ids = (
+            [i for i in listed.stdout.split() if i not in removed] if listed.returncode == 0 else []
+        )
         if ids:
             await run_cli([client, "rm", "-f", *ids], 120)
-            removed += len(ids)
-    return removed
+            removed.update(ids)
+    return len(removed)
 
 
 def _cgroups(owner: str, root: Path | None) -> int:
