@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -123,38 +124,43 @@ def receiver() -> Iterator[_Receiver]:
     r.close()
 
 
-@pytest.mark.parametrize("secret", [None, "a-submitters-own-secret-0123"])
 def test_a_callback_is_signed_and_carries_no_token(
-    make_rollout: Callable[..., RolloutStack],
-    tmp_path: Path,
-    receiver: _Receiver,
-    secret: str | None,
+    make_rollout: Callable[..., RolloutStack], tmp_path: Path, receiver: _Receiver
 ) -> None:
-    stack = make_rollout(HELLO)
-    submission = TaskSubmission(
-        task=agent_task(tmp_path),
-        harness=HarnessSpec(**shell_harness("ok")),
-        callback_url=receiver.url,
-        callback_secret=secret,
-    )
+    """Two tasks: one signed with the control token (no ``callback_secret``), one with
+    the submitter's own secret. Neither callback carries a token or the secret."""
+    stack = make_rollout({"sessions": [{"turns": [{"text": "hello"}]}] * 2})
+    own = "a-submitters-own-secret-0123"
+    keys: dict[str, str] = {}
     with stack.client() as client:
-        view = client.submit(submission)
-        client.wait(view.task_id, timeout_s=120)
-        assert receiver.arrived.wait(30)
-        shown = client._http.get(f"/tasks/{view.task_id}").text
+        for secret in (None, own):
+            submission = TaskSubmission(
+                task=agent_task(tmp_path),
+                harness=HarnessSpec(**shell_harness("ok")),
+                callback_url=receiver.url,
+                callback_secret=secret,
+            )
+            view = client.submit(submission)
+            keys[view.task_id] = secret or CONTROL_TOKEN
+        for task_id in keys:
+            client.wait(task_id, timeout_s=120)
+        shown = client._http.get("/tasks").text
+    deadline = time.monotonic() + 30
+    while len(receiver.calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
 
-    (headers, body) = receiver.calls[0]
-    key = secret or CONTROL_TOKEN
-    verify(body, headers, key)
-    assert json.loads(body)["task_id"] == view.task_id
-    assert "authorization" not in headers
-    everything = json.dumps(headers) + body.decode()
-    assert CONTROL_TOKEN not in everything and (secret is None or secret not in everything)
-    assert secret is None or secret not in shown
-    with pytest.raises(InvalidSignature):
-        verify(body + b" ", headers, key)
-    with pytest.raises(InvalidSignature):
-        verify(body, headers, "another-secret-0123456789")
+    assert len(receiver.calls) == 2
+    for headers, body in receiver.calls:
+        key = keys[json.loads(body)["task_id"]]
+        verify(body, headers, key)
+        assert "authorization" not in headers
+        everything = json.dumps(headers) + body.decode()
+        assert CONTROL_TOKEN not in everything and own not in everything
+        with pytest.raises(InvalidSignature):
+            verify(body + b" ", headers, key)
+        with pytest.raises(InvalidSignature):
+            verify(body, headers, "another-secret-0123456789")
+    assert own not in shown
 
 
 def test_the_node_refuses_what_its_policy_does_not_allow(
