@@ -1,6 +1,7 @@
-"""A whole rollout service on this machine for tests: the scripted engine, a
-rollout server and a gateway node (its gateway and its API on two ports, served
-from one event loop as ``polar node`` does), each a real HTTP server.
+"""A whole rollout service on this machine for tests: the scripted engine (or
+any engine given by its gateway config), a rollout server and a gateway node
+(its gateway and its API on two ports, served from one event loop as ``polar
+node`` does), each a real HTTP server.
 
 The node runs sessions in the real ``local`` runtime (bubblewrap) with the real
 harness CLIs from ``.cache/harness``; only the model is scripted.
@@ -8,18 +9,13 @@ harness CLIs from ``.cache/harness``; only the model is scripted.
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
 from pathlib import Path
 from typing import Any
-
-import uvicorn
 
 from polar.proxy.engines.scripted import ScriptedEngine, script_from_dict
 from polar.rollout.client import RolloutClient
 from polar.rollout.config import NodeConfig, ServerConfig
-from polar.rollout.deploy import NodeService, listening_socket, node_service
+from polar.rollout.deploy import NodeService, NodeThread, node_service
 from polar.rollout.server import RolloutServer, create_server_app
 from polar.serverthread import ServerThread
 from polar.tasks.builtin import solution_patch, wrong_patch
@@ -80,72 +76,33 @@ def group_script(harness: str, task_id: str, correct: list[bool]) -> dict[str, A
     }
 
 
-class NodeThread:
-    """A node's two servers (gateway, API) on one event loop in a background thread,
-    as :func:`polar.rollout.deploy.serve` runs them."""
-
-    def __init__(self, service: NodeService) -> None:
-        self._sockets = [listening_socket("127.0.0.1", 0), listening_socket("127.0.0.1", 0)]
-        gateway, control = (sock.getsockname()[:2] for sock in self._sockets)
-        service.bind(*gateway)
-        service.bind_control(*control)
-        self.gateway_url = f"http://{gateway[0]}:{gateway[1]}"
-        self.control_url = f"http://{control[0]}:{control[1]}"
-        self._servers = [
-            uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio"))
-            for app in (service.app, service.control_app)
-        ]
-        self._thread = threading.Thread(target=self._run, name="node", daemon=True)
-        self._error: BaseException | None = None
-
-    def _run(self) -> None:
-        async def both() -> None:
-            await asyncio.gather(
-                *(
-                    s.serve(sockets=[sock])
-                    for s, sock in zip(self._servers, self._sockets, strict=True)
-                )
-            )
-
-        try:
-            asyncio.run(both())
-        except BaseException as exc:
-            self._error = exc
-
-    def start(self, timeout_s: float = 60.0) -> NodeThread:
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not all(s.started for s in self._servers):
-            if not self._thread.is_alive():
-                raise RuntimeError(f"the node failed to start: {self._error!r}")
-            if time.monotonic() > deadline:
-                raise TimeoutError("the node did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        for server in self._servers:
-            server.should_exit = True
-        self._thread.join(timeout=60)
-        for sock in self._sockets:
-            sock.close()
-
-
 class RolloutStack:
     def __init__(
         self,
         root: Path,
         tokenizer: Any,
-        script: dict[str, Any],
+        script: dict[str, Any] | None,
         *,
         node: dict[str, Any] | None = None,
         server: dict[str, Any] | None = None,
         token_delay_s: float = 0.0,
+        engine: dict[str, Any] | None = None,
     ) -> None:
+        """``engine``: the gateway's engine section for an engine already serving
+        (then ``script`` is None and no scripted engine starts)."""
         self.root = root
-        self.engine = ScriptedEngine(
-            script_from_dict(script), tokenizer, token_delay_s=token_delay_s
-        ).start()
+        self.engine: Any = None
+        if engine is None:
+            assert script is not None
+            self.engine = ScriptedEngine(
+                script_from_dict(script), tokenizer, token_delay_s=token_delay_s
+            ).start()
+            engine = {
+                "kind": "vllm",
+                "base_url": self.engine.url,
+                "model": "scripted",
+                "retry_backoff_s": 0.01,
+            }
         self._threads: list[ServerThread | NodeThread] = []
         self.server_config = ServerConfig.model_validate(
             {
@@ -171,12 +128,7 @@ class RolloutStack:
                     "port": 0,
                     "admin_token": CONTROL_TOKEN,
                     "capture": "token_in_token_out",
-                    "engine": {
-                        "kind": "vllm",
-                        "base_url": self.engine.url,
-                        "model": "scripted",
-                        "retry_backoff_s": 0.01,
-                    },
+                    "engine": engine,
                     "store": {"path": str(root / "records.db")},
                 },
                 **(node or {}),
@@ -214,4 +166,5 @@ class RolloutStack:
     def close(self) -> None:
         for thread in reversed(self._threads):
             thread.stop()
-        self.engine.stop()
+        if self.engine is not None:
+            self.engine.stop()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,3 +145,55 @@ async def serve(
             s.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class NodeThread:
+    """A node's two servers (gateway, API) on one event loop in a background thread,
+    as :func:`serve` runs them (the API's handlers use the node, which lives on
+    the gateway's loop): for tests and in-process services. Free ports on ``host``."""
+
+    def __init__(self, service: NodeService, host: str = "127.0.0.1") -> None:
+        self._sockets = [listening_socket(host, 0), listening_socket(host, 0)]
+        gateway, control = (sock.getsockname()[:2] for sock in self._sockets)
+        service.bind(*gateway)
+        service.bind_control(*control)
+        self.gateway_url = f"http://{gateway[0]}:{gateway[1]}"
+        self.control_url = f"http://{control[0]}:{control[1]}"
+        self._servers = [
+            uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio"))
+            for app in (service.app, service.control_app)
+        ]
+        self._thread = threading.Thread(target=self._run, name="node", daemon=True)
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        async def both() -> None:
+            await asyncio.gather(
+                *(
+                    s.serve(sockets=[sock])
+                    for s, sock in zip(self._servers, self._sockets, strict=True)
+                )
+            )
+
+        try:
+            asyncio.run(both())
+        except BaseException as exc:
+            self._error = exc
+
+    def start(self, timeout_s: float = 60.0) -> NodeThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not all(s.started for s in self._servers):
+            if not self._thread.is_alive():
+                raise RuntimeError(f"the node failed to start: {self._error!r}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the node did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.should_exit = True
+        self._thread.join(timeout=60)
+        for sock in self._sockets:
+            sock.close()

@@ -71,6 +71,14 @@ async def body_of(request: Request, model: type[M]) -> M:
         raise ApiError(422, describe_error(exc)) from None
 
 
+async def not_found(request: Request, exc: Exception) -> Response:
+    """The 404 handler: the shared error shape, naming the method and path."""
+    return JSONResponse(
+        {"error": {"type": "not_found", "message": f"{request.method} {request.url.path}"}},
+        status_code=404,
+    )
+
+
 def model_response(model: BaseModel, status: int = 200) -> Response:
     return Response(model.model_dump_json(), status_code=status, media_type="application/json")
 
@@ -95,11 +103,3 @@ def answered(handler: Handler, check: Callable[[Request], None] | None = None) -
             return error_response(exc)
 
     return endpoint
-
-
-async def not_found(request: Request, exc: Exception) -> Response:
-    """The 404/405 answer of an API, in its error shape."""
-    return JSONResponse(
-        {"error": {"type": "not_found", "message": f"{request.method} {request.url.path}"}},
-        status_code=404,
-    )

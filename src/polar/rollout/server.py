@@ -151,7 +151,9 @@ class RolloutServer:
 
     def submit(self, submission: TaskSubmission) -> tuple[str, str]:
         """Store a submission; its task id and its read token (shown once)."""
-        task_id = f"t-{uuid.uuid4().hex[:16]}"
+        task_id = submission.task_id or f"t-{uuid.uuid4().hex[:16]}"
+        if self.store.task(task_id) is not None:
+            raise ApiError(409, f"task {task_id} already exists", "conflict")
         token = secrets.token_urlsafe(32)
         self.store.add_task(task_id, submission, hashlib.sha256(token.encode()).hexdigest())
         self.events.publish(
@@ -482,6 +484,8 @@ class RolloutServer:
             session_timeout_s=sub.session_timeout_s,
             group_id=sub.group_id or s.task_id,
             policy_version=sub.policy_version,
+            all_traces=sub.all_traces,
+            conversations=sub.conversations,
             metadata=sub.metadata,
             result_url=f"{self.public_url}/callbacks/sessions",
         )

@@ -38,6 +38,8 @@ class _State:
     """Turns used, per session (``None``: the one script of a single-script engine)."""
     assigned: dict[str, int] = field(default_factory=dict)
     """Per-session scripts: session -> index of the script it follows."""
+    taken: int = 0
+    """Per-session scripts without a ``session`` pattern handed out so far."""
 
 
 class ScriptMismatch(Exception):
@@ -144,11 +146,12 @@ class ScriptedEngine:
             if isinstance(self.script, Script):
                 pairs = [(self.script, self._state.positions.get(None, 0))]
             else:
-                by_index = {i: s for s, i in self._state.assigned.items()}
-                pairs = [
-                    (script, self._state.positions.get(by_index[i], 0) if i in by_index else 0)
-                    for i, script in enumerate(self.script.scripts)
-                ]
+                pairs = []
+                for i, script in enumerate(self.script.scripts):
+                    sessions = [s for s, j in self._state.assigned.items() if j == i]
+                    pairs += [(script, self._state.positions.get(s, 0)) for s in sessions]
+                    if not sessions:
+                        pairs.append((script, 0))
             return sum(len(s.turns) - used for s, used in pairs if not s.cycle)
 
     def assert_clean(self, *, finished: bool = True) -> None:
@@ -169,12 +172,19 @@ class ScriptedEngine:
             raise ScriptMismatch(f"per-session scripts need the {SESSION_HEADER} header")
         index = self._state.assigned.get(session)
         if index is None:
-            index = len(self._state.assigned)
-            if index >= len(self.script.scripts):
-                raise ScriptMismatch(
-                    f"session {session} is session {index + 1}, "
-                    f"but there are only {len(self.script.scripts)} session scripts"
-                )
+            scripts = self.script.scripts
+            matching = [i for i, s in enumerate(scripts) if s.session and s.session.search(session)]
+            if matching:
+                index = matching[0]
+            else:
+                free = [i for i, s in enumerate(scripts) if s.session is None]
+                if self._state.taken >= len(free):
+                    raise ScriptMismatch(
+                        f"session {session} is session {self._state.taken + 1} without a "
+                        f"pattern of its own, but there are only {len(free)} such session scripts"
+                    )
+                index = free[self._state.taken]
+                self._state.taken += 1
             self._state.assigned[session] = index
         return self.script.scripts[index], session, f"session script {index}"
 
