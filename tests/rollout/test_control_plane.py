@@ -58,36 +58,6 @@ def test_the_node_api_is_apart_from_the_gateway_and_wants_the_token(
             assert http.get(f"{gateway}{path}", headers=bearer(CONTROL_TOKEN)).status_code == 404
 
 
-def test_a_tasks_read_token_reads_that_task_and_nothing_else(
-    make_rollout: Callable[..., RolloutStack], tmp_path: Path
-) -> None:
-    stack = make_rollout(HELLO)
-    submission = TaskSubmission(
-        task=agent_task(tmp_path), harness=HarnessSpec(**shell_harness("ok"))
-    )
-    with stack.client() as client:
-        mine = client.submit(submission)
-        other = client.submit(submission)
-        assert client.task(mine.task_id).access_token is None  # shown once, at submission
-        for view in (mine, other):
-            client.wait(view.task_id, timeout_s=120)
-    assert mine.access_token is not None
-    read = bearer(mine.access_token)
-    with httpx.Client(base_url=stack.url, timeout=30) as http:
-        assert http.get(f"/tasks/{mine.task_id}", headers=read).status_code == 200
-        assert http.get(f"/tasks/{mine.task_id}/result", headers=read).status_code == 200
-        for method, path in [
-            ("GET", f"/tasks/{other.task_id}"),
-            ("GET", f"/tasks/{other.task_id}/result"),
-            ("GET", "/tasks"),
-            ("GET", "/nodes"),
-            ("GET", "/events"),
-            ("POST", f"/tasks/{mine.task_id}/cancel"),
-            ("POST", "/tasks"),
-        ]:
-            assert http.request(method, path, headers=read).status_code == 401, path
-
-
 class _Receiver:
     """A callback URL: records each POST's headers and body."""
 
@@ -124,14 +94,16 @@ def receiver() -> Iterator[_Receiver]:
     r.close()
 
 
-def test_a_callback_is_signed_and_carries_no_token(
+def test_callbacks_are_signed_and_read_tokens_read_one_task(
     make_rollout: Callable[..., RolloutStack], tmp_path: Path, receiver: _Receiver
 ) -> None:
     """Two tasks: one signed with the control token (no ``callback_secret``), one with
-    the submitter's own secret. Neither callback carries a token or the secret."""
+    the submitter's own secret. Neither callback carries a token or the secret. Each
+    task's read token (shown once, at submission) reads that task and nothing else."""
     stack = make_rollout({"sessions": [{"turns": [{"text": "hello"}]}] * 2})
     own = "a-submitters-own-secret-0123"
     keys: dict[str, str] = {}
+    views = []
     with stack.client() as client:
         for secret in (None, own):
             submission = TaskSubmission(
@@ -141,9 +113,11 @@ def test_a_callback_is_signed_and_carries_no_token(
                 callback_secret=secret,
             )
             view = client.submit(submission)
+            views.append(view)
             keys[view.task_id] = secret or CONTROL_TOKEN
         for task_id in keys:
             client.wait(task_id, timeout_s=120)
+            assert client.task(task_id).access_token is None
         shown = client._http.get("/tasks").text
     deadline = time.monotonic() + 30
     while len(receiver.calls) < 2 and time.monotonic() < deadline:
@@ -161,6 +135,23 @@ def test_a_callback_is_signed_and_carries_no_token(
         with pytest.raises(InvalidSignature):
             verify(body, headers, "another-secret-0123456789")
     assert own not in shown
+
+    mine, other = views
+    assert mine.access_token is not None
+    read = bearer(mine.access_token)
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        assert http.get(f"/tasks/{mine.task_id}", headers=read).status_code == 200
+        assert http.get(f"/tasks/{mine.task_id}/result", headers=read).status_code == 200
+        for method, path in [
+            ("GET", f"/tasks/{other.task_id}"),
+            ("GET", f"/tasks/{other.task_id}/result"),
+            ("GET", "/tasks"),
+            ("GET", "/nodes"),
+            ("GET", "/events"),
+            ("POST", f"/tasks/{mine.task_id}/cancel"),
+            ("POST", "/tasks"),
+        ]:
+            assert http.request(method, path, headers=read).status_code == 401, path
 
 
 def test_the_node_refuses_what_its_policy_does_not_allow(
