@@ -11,6 +11,7 @@ remembers what was acknowledged. Sandboxes die with the process (bubblewrap's
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from pathlib import Path
 from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.deploy import NodeThread, node_service
 from polar.rollout.server import RolloutServer, create_server_app
+from polar.runtime.reap import reap
 from polar.serverthread import ServerThread
 
 
@@ -58,9 +60,12 @@ def service_configs(
 @contextlib.contextmanager
 def local_service(server: ServerConfig, node: NodeConfig, state: Path) -> Iterator[ServiceAddress]:
     """Start a rollout server and a node (state cleared first); stop both on exit."""
-    shutil.rmtree(state, ignore_errors=True)
-    state.mkdir(parents=True)
     server, node = service_configs(server, node, state)
+    # A killed generator's node may have left mounted session directories (and
+    # containers, cgroups): release them, or the state cannot be cleared.
+    asyncio.run(reap(node.node_id, sessions_dir=node.sessions_dir))
+    shutil.rmtree(state, ignore_errors=True)
+    state.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         rollout = RolloutServer(server)
         server_thread = ServerThread(create_server_app(rollout), host=server.host)
