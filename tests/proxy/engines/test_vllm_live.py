@@ -16,15 +16,19 @@ from typing import Any
 import httpx
 import pytest
 
-from polar.ir import FinishReason, RecordStatus
+from polar.ir import Dialect, FinishReason, RecordStatus
 from polar.proxy.app import create_app
 from polar.proxy.config import GatewayConfig
+from polar.proxy.engines.openai_compat import chat_body
 from polar.proxy.engines.vllm_process import VllmProcess
 from polar.proxy.gateway import Gateway
+from polar.proxy.render.template import ChatTemplate
 from polar.proxy.store import SqliteStore
 from polar.serverthread import ServerThread
 from polar.tinymodel import build_tiny_model
 
+from support.dialects import PARSE
+from support.paths import FIXTURES
 from support.stack import ADMIN_TOKEN, BASH_TOOL
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -272,3 +276,93 @@ def test_token_mode_records_the_same_prompts_on_vllm_and_the_embedded_engine(
             assert list(record.output_logprobs) == pytest.approx(ours, abs=2e-3)
     finally:
         runner.close()
+
+
+# ------------------------------------------------- the gateway's render is vLLM's
+
+
+def _recorded_requests() -> list[tuple[str, Dialect, dict[str, Any]]]:
+    """Every golden request of the real CLIs and every request of the recorded sessions."""
+    out = []
+    for path in sorted((FIXTURES / "harness").glob("*/*.json")):
+        fixture = json.loads(path.read_text())
+        out.append(
+            (f"{path.parent.name}/{path.stem}", Dialect(fixture["dialect"]), fixture["body"])
+        )
+    for path in sorted((FIXTURES / "sessions").glob("*.jsonl")):
+        for n, line in enumerate(path.read_text().splitlines()):
+            record = json.loads(line)
+            body = record["original_request"]
+            out.append((f"{path.stem}:{n}", Dialect(record["dialect"]), body))
+    return out
+
+
+# Edges of vLLM's message and tool handling no CLI fixture has: strict true and
+# false, no description, no parameters, arguments that are empty, invalid or not
+# an object, developer messages, text given as parts.
+EDGE_CASES = {
+    "model": "m",
+    "messages": [
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}},
+                {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{bad"}},
+                {"id": "c3", "type": "function", "function": {"name": "f", "arguments": "[1]"}},
+                {"id": "c4", "type": "function", "function": {"name": "g", "arguments": '{"x":1}'}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "one"}]},
+        {"role": "tool", "tool_call_id": "c2", "content": "two"},
+        {"role": "user", "content": "go on"},
+    ],
+    "tools": [
+        {"type": "function", "function": {"name": "f", "strict": True, "parameters": {}}},
+        {
+            "type": "function",
+            "function": {
+                "name": "g",
+                "description": "G.",
+                "strict": False,
+                "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+            },
+        },
+    ],
+}
+
+
+def test_gateway_render_equals_vllms_tokenization_of_every_recorded_request(
+    vllm: VllmProcess, tokenizer: Any
+) -> None:
+    """Token mode's prompt is vLLM's: for every golden CLI request and every request
+    of the recorded sessions (all three dialects, as the gateway reads them), the
+    gateway's chat-template render equals, token for token, what vLLM's ``/tokenize``
+    returns for the chat request engine-rendered capture sends it."""
+    template = ChatTemplate(tokenizer)
+    cases = [*_recorded_requests(), ("edge cases", Dialect.OPENAI_CHAT, EDGE_CASES)]
+    clis = {"codex", "claude_code", "qwen_code", "pi", "opencode", "mini_swe_agent"}
+    assert clis <= {name.split("/")[0] for name, _, _ in cases}
+    assert clis <= {name.split(".")[0] for name, _, _ in cases}
+    mismatched = []
+    for name, dialect, body in cases:
+        request = PARSE[dialect](body)
+        ours, _ = template.render(request.messages, request.tools, kwargs=request.template_kwargs)
+        sent = chat_body(request, model="tiny", reasoning_field="reasoning", template_kwargs={})
+        query = {
+            k: v for k, v in sent.items() if k in ("messages", "tools", "chat_template_kwargs")
+        }
+        reply = httpx.post(
+            f"{vllm.url}/tokenize",
+            json={"model": "tiny", "add_generation_prompt": True, **query},
+            timeout=120,
+        )
+        assert reply.status_code == 200, f"{name}: {reply.text}"
+        theirs = reply.json()["tokens"]
+        if ours != theirs:
+            pairs = zip(ours, theirs, strict=False)
+            at = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(ours), len(theirs)))
+            mismatched.append(f"{name}: {len(ours)} vs vLLM's {len(theirs)} tokens, from {at}")
+    assert not mismatched, "\n".join(mismatched)
