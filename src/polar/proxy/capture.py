@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -29,9 +29,10 @@ from polar.ir import (
     PromptLineage,
     PromptTokens,
     TokenLogprob,
+    ToolSpec,
 )
 from polar.proxy.engines.base import NO_HEADERS, ChatEngine, Headers, TokenEngine, TokenRequest
-from polar.proxy.render.delivery import Redelivery, withdrawn_flags
+from polar.proxy.render.delivery import ParsedTurn, Redelivery, call_flags, withdrawn_flags
 from polar.proxy.render.parse import OutputParser, ParserOptions, Piece
 from polar.proxy.render.splice import Transcript, plan_prompt
 from polar.proxy.render.template import ChatTemplate
@@ -181,7 +182,9 @@ class GatewayRendered:
             headers=headers,
         )
         flags: list[DeliveryFlag] = []
-        events = self._parse(plan.ids, call.events, parser, flags, streamed=request.stream)
+        events = self._parse(
+            plan.ids, call.events, parser, flags, streamed=request.stream, tools=request.tools
+        )
         return PreparedCall(
             body=call.body,
             events=events,
@@ -198,8 +201,10 @@ class GatewayRendered:
         flags: list[DeliveryFlag],
         *,
         streamed: bool,
+        tools: Sequence[ToolSpec],
     ) -> AsyncGenerator[EngineEvent, None]:
         yield PromptTokens(prompt_ids)
+        turn = ParsedTurn()
         text = self.template.text
         stream = text.stream()
         calls: set[int] = set()  # tool calls made (and not withdrawn as malformed)
@@ -210,13 +215,16 @@ class GatewayRendered:
                     visible = [i for i in event.token_ids if i not in self._stops]
                     piece = parser.feed(stream.feed(visible))
                     _track(calls, piece)
+                    turn.add(piece.text, piece.reasoning, piece.tool_calls)
                     flags.extend(withdrawn_flags(piece.tool_calls, streamed=streamed))
                     yield self._delta(event, piece)
                 elif isinstance(event, Finish):
                     piece = parser.feed(stream.flush())
                     piece.extend(parser.finish())
                     _track(calls, piece)
+                    turn.add(piece.text, piece.reasoning, piece.tool_calls)
                     flags.extend(withdrawn_flags(piece.tool_calls, streamed=streamed))
+                    flags.extend(call_flags(turn, parser.written_calls, tools))
                     if piece.text or piece.reasoning or piece.tool_calls:
                         yield Delta(
                             text=piece.text,

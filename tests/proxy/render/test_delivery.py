@@ -294,3 +294,36 @@ def test_engine_rendered_anthropic_tool_input_pieces_join_to_json(
     else:
         assert texts.strip() == ""
         assert record.message is not None and record.message.tool_calls[0].name == "bash"
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_token_mode_flags_odd_calls_and_streamed_withdrawals(make_stack: Any, stream: bool) -> None:
+    """Token mode delivers its own parse already; the record still says when a
+    call names a tool that was not offered or has no arguments (the client gets
+    ``{}``), and when a streamed call had to be withdrawn."""
+    shell = '{"name": "echo hi into hello.txt"}'
+    turns = [
+        {"raw": f"</think>\n\n<tool_call>\n{shell}\n</tool_call><|im_end|>"},
+        {"raw": f"</think>\n\n<tool_call>\n{LS}}}}}\n</tool_call><|im_end|>"},
+    ]
+    stack = make_stack({"turns": turns}, capture="token_in_token_out")
+    sid, key = stack.new_session()
+    request = {
+        "model": "m",
+        "stream": stream,
+        "messages": [{"role": "user", "content": "go"}],
+        "tools": [{"type": "function", "function": {"name": "bash", "parameters": BASH_SCHEMA}}],
+    }
+    with stack.client(key) as client:
+        for _ in turns:
+            assert client.post("/v1/chat/completions", json=request).status_code == 200
+    odd, withdrawn = stack.records(sid)
+    assert odd.message is not None
+    assert [(c.name, c.arguments) for c in odd.message.tool_calls] == [
+        ("echo hi into hello.txt", "{}")
+    ]
+    assert {f.issue.value for f in odd.delivery_flags} == {"tool_not_offered", "arguments_missing"}
+    assert withdrawn.message is not None and not withdrawn.message.tool_calls
+    assert {f.issue.value for f in withdrawn.delivery_flags} == (
+        {"streamed_call_withdrawn"} if stream else set()
+    )
