@@ -74,7 +74,10 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-def build_capture(config: GatewayConfig) -> Capture:
+def build_capture(config: GatewayConfig, *, template: ChatTemplate | None = None) -> Capture:
+    """The capture ``config`` describes. ``template``: the chat template
+    ``config.render`` names, already loaded (gateways in one process can share
+    one; loading a tokenizer takes a good part of a second)."""
     kind = config.engine.kind
     if config.capture is CaptureMode.ENGINE_RENDERED:
         if kind == "embedded":
@@ -84,7 +87,7 @@ def build_capture(config: GatewayConfig) -> Capture:
         chat = CHAT_ENGINES[kind](config.engine) if kind in CHAT_ENGINES else _plugin(kind)(config)
         if config.render.engine_output == "engine_parser":
             return EngineRendered(chat)
-        template = _template(config)
+        template = template or _template(config)
         return EngineRendered(
             chat,
             reparse=Reparse(
@@ -95,7 +98,7 @@ def build_capture(config: GatewayConfig) -> Capture:
         )
     tokens = TOKEN_ENGINES[kind](config.engine) if kind in TOKEN_ENGINES else _plugin(kind)(config)
     return GatewayRendered(
-        _template(config),
+        template or _template(config),
         tokens,
         parser=_parser_options(config),
         stop_token_ids=tuple(config.render.stop_token_ids),
