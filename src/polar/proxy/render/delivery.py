@@ -61,7 +61,6 @@ class ParsedTurn:
     reasoning: str = ""
     calls: dict[int, list[str]] = field(default_factory=dict)
     discarded: set[int] = field(default_factory=set)
-    unnamed: set[int] = field(default_factory=set)
 
     def add(self, text: str, reasoning: str, calls: Sequence[ToolCallDelta]) -> None:
         self.text += text
