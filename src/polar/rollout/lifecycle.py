@@ -418,6 +418,8 @@ class Pipeline:
                 "delivered_fraction": a.delivered_fraction,
                 "quarantined": {k.value: v for k, v in a.quarantined.items()},
                 "breaks": {k.value: v for k, v in a.breaks.items()},
+                "malformed_tool_calls": a.malformed_tool_calls,
+                "delivery_flags": {k.value: v for k, v in a.delivery_flags.items()},
             }
         return SessionResult(
             session_id=d.session_id,

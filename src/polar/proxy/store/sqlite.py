@@ -43,6 +43,8 @@ from polar.ir import (
     Timings,
 )
 from polar.ir.codec import (
+    delivery_flags_from_json,
+    delivery_flags_to_json,
     lineage_from_json,
     lineage_to_json,
     message_from_json,
@@ -65,7 +67,7 @@ from polar.proxy.store.packing import (
 
 _log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -108,6 +110,7 @@ CREATE TABLE IF NOT EXISTS records (
     lineage TEXT,
     malformed TEXT,
     edits TEXT,
+    delivery TEXT,
     UNIQUE (session_id, seq, attempt)
 );
 """
@@ -119,13 +122,14 @@ _MIGRATIONS = {
         "ALTER TABLE records ADD COLUMN malformed TEXT",
     ),
     3: ("ALTER TABLE records ADD COLUMN edits TEXT",),
+    4: ("ALTER TABLE records ADD COLUMN delivery TEXT",),
 }
 
 _RECORD_COLUMNS = (
     "rowid, session_id, seq, attempt, status, dialect, capture, engine, model, policy_version, "
     "stream, finish_reason, error, timings, usage, message, original_request, engine_request, "
     "prompt_base, prompt_shared, prompt_tail, output_ids, output_logprobs, "
-    "lineage, malformed, edits"
+    "lineage, malformed, edits, delivery"
 )
 
 
@@ -168,7 +172,12 @@ class _AppendRecord:
     record: CompletionRecord
 
 
-_Op = _InsertSession | _CloseSession | _AppendRecord
+@dataclass(frozen=True, slots=True)
+class _SetPolicyVersion:
+    version: int
+
+
+_Op = _InsertSession | _CloseSession | _AppendRecord | _SetPolicyVersion
 _STOP = object()
 
 
@@ -315,6 +324,10 @@ class SqliteStore:
         """Persist ``record``; returns once it is committed."""
         await self._submit(_AppendRecord(record))
 
+    async def set_policy_version(self, version: int) -> None:
+        """Persist the gateway's policy version (read back by :meth:`policy_version`)."""
+        await self._submit(_SetPolicyVersion(version))
+
     def append_nowait(self, record: CompletionRecord) -> None:
         """Queue ``record`` without waiting (for calls whose client is already gone).
 
@@ -407,6 +420,11 @@ class SqliteStore:
                 )
             case _AppendRecord(record=record):
                 self._insert_record(conn, record)
+            case _SetPolicyVersion(version=version):
+                conn.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('policy_version', ?)",
+                    (str(version),),
+                )
 
     def _insert_blobs(
         self, conn: sqlite3.Connection, session_id: str, blobs: list[tuple[bytes, bytes]]
@@ -436,7 +454,7 @@ class SqliteStore:
         base, shared = self._bases.best(record.session_id, prompt)
         cursor = conn.execute(
             f"INSERT INTO records ({_RECORD_COLUMNS}) VALUES "
-            "(NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "(NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 record.session_id,
                 record.seq,
@@ -473,6 +491,11 @@ class SqliteStore:
                     if record.edits
                     else None
                 ),
+                (
+                    _dumps(delivery_flags_to_json(record.delivery_flags))
+                    if record.delivery_flags
+                    else None
+                ),
             ),
         )
         rowid = cursor.lastrowid
@@ -480,6 +503,16 @@ class SqliteStore:
         self._pending_bases.append((record.session_id, rowid, prompt + output))
 
     # ---------------------------------------------------------------- reads
+
+    def policy_version(self) -> int:
+        """The last persisted policy version; a store from before versions were
+        persisted: the newest one on a record; an empty store: 0."""
+        with self._reader() as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'policy_version'").fetchone()
+            if row is not None:
+                return int(row[0])
+            newest = conn.execute("SELECT MAX(policy_version) FROM records").fetchone()
+        return int(newest[0]) if newest and newest[0] is not None else 0
 
     def load_sessions(self, *, include_closed: bool = False) -> list[SessionRow]:
         where = "" if include_closed else "WHERE s.closed_at IS NULL"
@@ -649,4 +682,5 @@ def _record_from_row(
             RequestEdit(kind=EditKind(e["kind"]), detail=e["detail"])
             for e in (orjson.loads(row[25]) if row[25] else ())
         ),
+        delivery_flags=delivery_flags_from_json(orjson.loads(row[26]) if row[26] else ()),
     )
