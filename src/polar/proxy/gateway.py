@@ -53,6 +53,8 @@ class Gateway:
     async def start(self) -> None:
         self.store.open()
         self.sessions.load()
+        # a restarted gateway goes on at the version it was last resumed with
+        self.gate.set_policy_version(self.store.policy_version())
 
     async def stop(self) -> None:
         await self.capture.aclose()

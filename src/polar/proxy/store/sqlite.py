@@ -168,7 +168,12 @@ class _AppendRecord:
     record: CompletionRecord
 
 
-_Op = _InsertSession | _CloseSession | _AppendRecord
+@dataclass(frozen=True, slots=True)
+class _SetPolicyVersion:
+    version: int
+
+
+_Op = _InsertSession | _CloseSession | _AppendRecord | _SetPolicyVersion
 _STOP = object()
 
 
@@ -315,6 +320,10 @@ class SqliteStore:
         """Persist ``record``; returns once it is committed."""
         await self._submit(_AppendRecord(record))
 
+    async def set_policy_version(self, version: int) -> None:
+        """Persist the gateway's policy version (read back by :meth:`policy_version`)."""
+        await self._submit(_SetPolicyVersion(version))
+
     def append_nowait(self, record: CompletionRecord) -> None:
         """Queue ``record`` without waiting (for calls whose client is already gone).
 
@@ -407,6 +416,11 @@ class SqliteStore:
                 )
             case _AppendRecord(record=record):
                 self._insert_record(conn, record)
+            case _SetPolicyVersion(version=version):
+                conn.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('policy_version', ?)",
+                    (str(version),),
+                )
 
     def _insert_blobs(
         self, conn: sqlite3.Connection, session_id: str, blobs: list[tuple[bytes, bytes]]
@@ -480,6 +494,16 @@ class SqliteStore:
         self._pending_bases.append((record.session_id, rowid, prompt + output))
 
     # ---------------------------------------------------------------- reads
+
+    def policy_version(self) -> int:
+        """The last persisted policy version; a store from before versions were
+        persisted: the newest one on a record; an empty store: 0."""
+        with self._reader() as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'policy_version'").fetchone()
+            if row is not None:
+                return int(row[0])
+            newest = conn.execute("SELECT MAX(policy_version) FROM records").fetchone()
+        return int(newest[0]) if newest and newest[0] is not None else 0
 
     def load_sessions(self, *, include_closed: bool = False) -> list[SessionRow]:
         where = "" if include_closed else "WHERE s.closed_at IS NULL"
