@@ -1,5 +1,6 @@
-"""A whole rollout service on this machine for tests: the scripted engine, a
-rollout server and a gateway node, each a real HTTP server on its own port.
+"""A whole rollout service on this machine for tests: the scripted engine (or
+any engine given by its gateway config), a rollout server and a gateway node,
+each a real HTTP server on its own port.
 
 The node runs sessions in the real ``local`` runtime (bubblewrap) with the real
 harness CLIs from ``.cache/harness``; only the model is scripted.
@@ -86,20 +87,21 @@ class RolloutStack:
         token_delay_s: float = 0.0,
         engine: dict[str, Any] | None = None,
     ) -> None:
-        """``engine``: the node gateway's engine section, for a real engine
-        (then ``script`` is None and no scripted engine runs)."""
+        """``engine``: the gateway's engine section for an engine already serving
+        (then ``script`` is None and no scripted engine starts)."""
         self.root = root
-        self.engine = (
-            ScriptedEngine(script_from_dict(script), tokenizer, token_delay_s=token_delay_s).start()
-            if script is not None
-            else None
-        )
-        engine_section = engine or {
-            "kind": "vllm",
-            "base_url": self.engine.url if self.engine else "",
-            "model": "scripted",
-            "retry_backoff_s": 0.01,
-        }
+        self.engine: Any = None
+        if engine is None:
+            assert script is not None
+            self.engine = ScriptedEngine(
+                script_from_dict(script), tokenizer, token_delay_s=token_delay_s
+            ).start()
+            engine = {
+                "kind": "vllm",
+                "base_url": self.engine.url,
+                "model": "scripted",
+                "retry_backoff_s": 0.01,
+            }
         self._threads: list[ServerThread] = []
         self.server_config = ServerConfig.model_validate(
             {
@@ -125,7 +127,7 @@ class RolloutStack:
                     "port": 0,
                     "admin_token": CONTROL_TOKEN,
                     "capture": "token_in_token_out",
-                    "engine": engine_section,
+                    "engine": engine,
                     "store": {"path": str(root / "records.db")},
                 },
                 **(node or {}),

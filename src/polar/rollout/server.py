@@ -37,7 +37,7 @@ from starlette.routing import Route
 
 from polar.rollout.config import ServerConfig
 from polar.rollout.events import EventHub
-from polar.rollout.http import ApiError, body_of, guarded, model_response
+from polar.rollout.http import ApiError, body_of, guarded, model_response, not_found
 from polar.rollout.protocol import (
     HeartbeatReply,
     NodeHeartbeat,
@@ -594,12 +594,6 @@ def create_server_app(server: RolloutServer) -> Starlette:
     async def session_result(request: Request) -> Response:
         server.accept_result(await body_of(request, SessionResult))
         return JSONResponse({"status": "stored"})
-
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return JSONResponse(
-            {"error": {"type": "not_found", "message": f"{request.method} {request.url.path}"}},
-            status_code=404,
-        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
