@@ -38,8 +38,8 @@ from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.ir import CaptureMode
 from polar.proxy.render.template import ChatTemplate
 from polar.tinymodel import build_tiny_model
-from polar.train.batch import Group, ScoredSession, advantages_of, rows_of
-from polar.train.grpo import Aggregation, Baseline, MissingLogprob
+from polar.train.batch import Advantages, Group, ScoredSession, rows_of
+from polar.train.grpo import Aggregation, MissingLogprob
 from polar.train.step import LossSettings, StepSettings, train_step
 from polar.trajectory import BuildConfig, PerRequest, PrefixMerge, TurnFormat
 from polar.trajectory.export import samples_of
@@ -51,12 +51,16 @@ def group_of(builder: Any, records: list[Any], sessions: int) -> Group:
         sid = f"ses_{i}"
         mine = [dataclasses.replace(r, session_id=sid) for r in records]
         samples = tuple(samples_of(builder.build(mine)))
-        scored.append(ScoredSession(sid, float(i == 0), samples))
+        scored.append(ScoredSession(sid, 0.0, samples))
     return Group("task", "bench", "g", tuple(scored), unusable=0)
 
 
 def step(model: Any, group: Group) -> tuple[dict[str, float], float]:
-    advantages = advantages_of([group], baseline=Baseline.MEAN, scale_by_std=False)
+    advantages = Advantages(
+        {s.session_id: (-0.5) ** i for i, s in enumerate(group.sessions)},
+        zero_advantage_groups=0,
+        groups=1,
+    )
     rows = rows_of(
         [group],
         advantages,
