@@ -201,6 +201,7 @@ class Relay:
                         lineage=lineage,
                         malformed_tool_calls=tuple(prepared.malformed),
                         edits=call.request.edits,
+                        delivery_flags=tuple(prepared.delivery_flags),
                     )
 
                 sent_any = False

@@ -43,6 +43,8 @@ from polar.ir import (
     Timings,
 )
 from polar.ir.codec import (
+    delivery_flags_from_json,
+    delivery_flags_to_json,
     lineage_from_json,
     lineage_to_json,
     message_from_json,
@@ -65,7 +67,7 @@ from polar.proxy.store.packing import (
 
 _log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -108,6 +110,7 @@ CREATE TABLE IF NOT EXISTS records (
     lineage TEXT,
     malformed TEXT,
     edits TEXT,
+    delivery TEXT,
     UNIQUE (session_id, seq, attempt)
 );
 """
@@ -119,13 +122,14 @@ _MIGRATIONS = {
         "ALTER TABLE records ADD COLUMN malformed TEXT",
     ),
     3: ("ALTER TABLE records ADD COLUMN edits TEXT",),
+    4: ("ALTER TABLE records ADD COLUMN delivery TEXT",),
 }
 
 _RECORD_COLUMNS = (
     "rowid, session_id, seq, attempt, status, dialect, capture, engine, model, policy_version, "
     "stream, finish_reason, error, timings, usage, message, original_request, engine_request, "
     "prompt_base, prompt_shared, prompt_tail, output_ids, output_logprobs, "
-    "lineage, malformed, edits"
+    "lineage, malformed, edits, delivery"
 )
 
 
@@ -450,7 +454,7 @@ class SqliteStore:
         base, shared = self._bases.best(record.session_id, prompt)
         cursor = conn.execute(
             f"INSERT INTO records ({_RECORD_COLUMNS}) VALUES "
-            "(NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "(NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 record.session_id,
                 record.seq,
@@ -485,6 +489,11 @@ class SqliteStore:
                 (
                     _dumps([{"kind": e.kind.value, "detail": e.detail} for e in record.edits])
                     if record.edits
+                    else None
+                ),
+                (
+                    _dumps(delivery_flags_to_json(record.delivery_flags))
+                    if record.delivery_flags
                     else None
                 ),
             ),
@@ -673,4 +682,5 @@ def _record_from_row(
             RequestEdit(kind=EditKind(e["kind"]), detail=e["detail"])
             for e in (orjson.loads(row[25]) if row[25] else ())
         ),
+        delivery_flags=delivery_flags_from_json(orjson.loads(row[26]) if row[26] else ()),
     )
