@@ -172,6 +172,8 @@ def greedy_next(url: str, prompt: list[int], model: str = "tiny") -> tuple[int, 
 
 
 class EmbeddedEngine:
+    """The embedded engine serving ``model`` on a local port (as ``polar engine serve``)."""
+
     def __init__(self, model: Path) -> None:
         self.runner = ModelRunner(model, max_batch=8)
         self.server = ServerThread(create_engine_app(self.runner, served_name="tiny")).start()

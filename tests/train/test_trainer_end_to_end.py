@@ -64,7 +64,7 @@ def test_two_asynchronous_grpo_steps_end_to_end(
         engine={"kind": "embedded", "base_url": embedded_engine.url, "model": "tiny"},
         node={"model": "tiny"},
     )
-    gateway_url = stack.node_thread.url
+    gateway_url = stack.node_thread.gateway_url
     admin = httpx.Client(
         base_url=gateway_url, headers={"authorization": f"Bearer {CONTROL_TOKEN}"}, timeout=30
     )

@@ -2,32 +2,34 @@
 
 For trainers that do not sync an inference server themselves (TRL without
 vLLM, the usual CPU set-up): before the next rollouts, the bridge writes the
-model with ``save_pretrained`` (safetensors), pauses every gateway (in-flight
-calls finish on the old weights; new ones wait), asks the embedded engine to
-load the directory (``POST /weights``), and resumes the gateways with the new
-``policy_version``, which every later record carries. The gateways are
-resumed even when the load fails, on the old version, and the failure is
-raised. Only the newest pushed directory is kept.
+model's weights (:func:`polar.train.weights.save_weights`) and pushes them
+with the reference trainer's :class:`polar.train.weightsync.WeightSync`: every
+gateway pauses (in-flight calls finish on the old weights; new ones wait), the
+embedded engine loads the directory (``POST /weights``), and the gateways
+resume with the new ``policy_version``, which every later record carries. On a
+failed load the gateways resume on the old version and the failure is raised
+as a :class:`BridgeError`. Only the newest pushed directory is kept.
 """
 
 from __future__ import annotations
 
-import contextlib
-import shutil
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar.bridges.rollouts import BridgeError
+from polar.train.config import GatewayTarget
+from polar.train.reload import EmbeddedReload, WeightSyncError
+from polar.train.weights import prune_weights, save_weights
+from polar.train.weightsync import GatewayAdmin, WeightSync
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class GatewayAdmin(_Section):
+class BridgeGateway(_Section):
     url: str
     """A node's gateway (its admin routes)."""
     admin_token: str = Field(min_length=16)
@@ -36,14 +38,11 @@ class GatewayAdmin(_Section):
 class WeightSyncConfig(_Section):
     engine_url: str
     """The embedded engine (``polar engine serve``) the gateways sample from."""
-    gateways: list[GatewayAdmin] = Field(min_length=1)
+    gateways: list[BridgeGateway] = Field(min_length=1)
     directory: Path = Path("runs/bridge/weights")
     """Where pushed weights are written (the engine reads them from there)."""
     drain_timeout_s: float = Field(default=120.0, gt=0)
-
-
-class SavesPretrained(Protocol):
-    def save_pretrained(self, save_directory: str, **kwargs: Any) -> Any: ...
+    load_timeout_s: float = Field(default=600.0, gt=0)
 
 
 class WeightPusher:
@@ -51,59 +50,23 @@ class WeightPusher:
         self.config = config
         self.pushed: int | None = None
 
-    def push(self, model: SavesPretrained, version: int) -> None:
+    def push(self, model: Any, version: int) -> None:
         c = self.config
-        target = c.directory / f"policy-{version}"
-        shutil.rmtree(target, ignore_errors=True)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(str(target), safe_serialization=True)
-        timeout = httpx.Timeout(c.drain_timeout_s + 30, connect=10)
-        with httpx.Client(timeout=timeout) as http:
-            paused: list[GatewayAdmin] = []
-            resume_as: int | None = None
-            try:
-                for gateway in c.gateways:
-                    paused.append(gateway)  # a pause that timed out still closed the gate
-                    _admin(http, gateway, "pause", {"timeout_s": c.drain_timeout_s})
-                reply = http.post(f"{c.engine_url.rstrip('/')}/weights", json={"path": str(target)})
-                if reply.status_code != 200:
-                    raise BridgeError(
-                        f"engine {c.engine_url} refused the weights: {_message(reply)}"
-                    )
-                resume_as = version
-            except httpx.HTTPError as exc:
-                raise BridgeError(f"weight push failed: {exc}") from None
-            finally:
-                for gateway in paused:
-                    if resume_as is None:  # already failing: resume what we can, keep that error
-                        with contextlib.suppress(BridgeError):
-                            _admin(http, gateway, "resume", {})
-                    else:
-                        _admin(http, gateway, "resume", {"policy_version": resume_as})
-        self._drop_older(target)
-        self.pushed = version
-
-    def _drop_older(self, keep: Path) -> None:
-        for old in self.config.directory.glob("policy-*"):
-            if old != keep:
-                shutil.rmtree(old, ignore_errors=True)
-
-
-def _admin(http: httpx.Client, gateway: GatewayAdmin, action: str, body: dict[str, Any]) -> None:
-    try:
-        reply = http.post(
-            f"{gateway.url.rstrip('/')}/admin/{action}",
-            json=body,
-            headers={"authorization": f"Bearer {gateway.admin_token}"},
+        sync = WeightSync(
+            [
+                GatewayAdmin(
+                    GatewayTarget.model_validate(g.model_dump()), timeout_s=c.drain_timeout_s + 30
+                )
+                for g in c.gateways
+            ],
+            [EmbeddedReload(c.engine_url, api_key=None, timeout_s=c.load_timeout_s)],
+            drain_timeout_s=c.drain_timeout_s,
         )
-    except httpx.HTTPError as exc:
-        raise BridgeError(f"gateway {gateway.url}: {action} failed: {exc}") from None
-    if reply.status_code != 200:
-        raise BridgeError(f"gateway {gateway.url}: {action} failed: {_message(reply)}")
-
-
-def _message(reply: httpx.Response) -> str:
-    try:
-        return str(reply.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {reply.status_code}"
+        try:
+            sync.push(save_weights(model, c.directory, version), version)
+        except WeightSyncError as exc:
+            raise BridgeError(f"weight push failed: {exc}") from None
+        finally:
+            sync.close()
+        prune_weights(c.directory, keep=1)
+        self.pushed = version

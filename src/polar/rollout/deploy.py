@@ -166,6 +166,11 @@ class NodeThread:
         self._thread = threading.Thread(target=self._run, name="node", daemon=True)
         self._error: BaseException | None = None
 
+    @property
+    def url(self) -> str:
+        """The gateway's URL (what harnesses and engine clients call)."""
+        return self.gateway_url
+
     def _run(self) -> None:
         async def both() -> None:
             await asyncio.gather(

@@ -152,6 +152,10 @@ class GatewayRelay:
                     up_writer.close()
         except (ConnectionError, OSError, asyncio.IncompleteReadError, HttpError):
             return
+        except asyncio.CancelledError:
+            # stop() cancels open connections; asyncio's server logs a connection
+            # task that ends cancelled as an error, so this one ends quietly.
+            return
         finally:
             self._connections.discard(task)
             writer.close()

@@ -1,1 +1,2 @@
-"""Training: the format warm-up for the tiny model (GRPO and trainer bridges come later)."""
+"""Training: GRPO maths, the reference trainer, weight sync, checkpoints, and
+the format warm-up for the tiny model."""
