@@ -6,15 +6,21 @@
 * :class:`GatewayRendered` (token-in/token-out): the gateway renders the
   prompt itself, splicing in the raw sampled ids of earlier turns so prompts
   are append-only, sends token ids to the engine, and parses reasoning, text
-  and tool calls out of the sampled tokens as they stream.
+  and tool calls out of the sampled tokens as they stream. Rendering and
+  tokenizing run on :class:`~polar.proxy.offload.Offload` workers, never on
+  the event loop; a conversation the chat template refuses is a 400.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator
+import functools
+from collections import deque
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar, assert_never
+
+from jinja2 import TemplateError
 
 from polar.ir import (
     CaptureMode,
@@ -23,16 +29,25 @@ from polar.ir import (
     EngineEvent,
     Finish,
     FinishReason,
+    ImagePart,
     JsonObject,
     MalformedToolCall,
     PromptLineage,
     PromptTokens,
+    ReasoningPart,
+    TextPart,
     TokenLogprob,
+    ToolCall,
 )
 from polar.proxy.engines.base import NO_HEADERS, ChatEngine, Headers, TokenEngine, TokenRequest
+from polar.proxy.errors import InvalidRequest
+from polar.proxy.logtext import clip
+from polar.proxy.offload import Offload
 from polar.proxy.render.parse import OutputParser, ParserOptions, Piece
-from polar.proxy.render.splice import Transcript, plan_prompt
+from polar.proxy.render.splice import PromptPlan, Transcript, plan_prompt
 from polar.proxy.render.template import ChatTemplate
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -43,6 +58,9 @@ class PreparedCall:
     """Known up front when the gateway rendered the prompt; else measured after."""
     malformed: list[MalformedToolCall] = field(default_factory=list)
     """Tool calls the gateway's parser could not read (filled while streaming)."""
+    prompt_ids: tuple[int, ...] = ()
+    """Known up front when the gateway rendered the prompt (stored before the
+    engine is called); else reported by the engine as it answers."""
 
 
 class Capture(Protocol):
@@ -54,9 +72,13 @@ class Capture(Protocol):
     @property
     def model(self) -> str: ...
 
-    def prepare(
+    async def prepare(
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
-    ) -> PreparedCall: ...
+    ) -> PreparedCall:
+        """Build the engine call (nothing is sent until its events are iterated).
+        Raises :class:`~polar.proxy.errors.InvalidRequest` for a request that
+        cannot be rendered."""
+        ...
 
     async def count_tokens(self, request: ChatRequest) -> int:
         """Prompt tokens the request would take (no splicing, no call made)."""
@@ -79,7 +101,7 @@ class EngineRendered:
     def model(self) -> str:
         return self.engine.model
 
-    def prepare(
+    async def prepare(
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
     ) -> PreparedCall:
         call = self.engine.prepare(request, headers=headers)
@@ -102,10 +124,12 @@ class GatewayRendered:
         *,
         parser: ParserOptions,
         stop_token_ids: tuple[int, ...] = (),
+        offload: Offload | None = None,
     ) -> None:
         self.template = template
         self.engine = engine
         self._parser = parser
+        self._offload = offload or Offload(workers=2, budget_bytes=64 << 20)
         self._stops = tuple(dict.fromkeys((template.end_of_turn_id, *stop_token_ids)))
 
     @property
@@ -117,20 +141,33 @@ class GatewayRendered:
         return self.engine.model
 
     async def count_tokens(self, request: ChatRequest) -> int:
-        ids, _ = self.template.render(
-            request.messages, request.tools, kwargs=request.template_kwargs
+        _need_messages(request)
+        ids, _ = await self._offload.run(
+            request_size(request), self._rendered, self.template.render, request
         )
         return len(ids)
 
-    def prepare(
+    def _rendered(self, step: Callable[..., T], request: ChatRequest, *args: object) -> T:
+        """Run a template step (on a worker), a refusal of the template becoming a 400."""
+        try:
+            return step(request.messages, request.tools, *args, kwargs=request.template_kwargs)
+        except TemplateError as exc:
+            raise InvalidRequest(
+                f"the chat template cannot render this conversation: {clip(str(exc))}"
+            ) from None
+
+    async def prepare(
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
     ) -> PreparedCall:
-        plan = plan_prompt(
-            self.template,
-            request.messages,
-            request.tools,
-            transcript,
-            kwargs=request.template_kwargs,
+        _need_messages(request)
+        # The worker reads a snapshot: the loop may add to the transcript meanwhile.
+        snapshot = Transcript(calls=deque(transcript.calls, maxlen=transcript.calls.maxlen))
+        plan: PromptPlan = await self._offload.run(
+            request_size(request),
+            self._rendered,
+            functools.partial(plan_prompt, self.template),
+            request,
+            snapshot,
         )
         opt = self._parser
         tail = plan.tail_text
@@ -147,7 +184,10 @@ class GatewayRendered:
             headers=headers,
         )
         prepared = PreparedCall(
-            body=call.body, events=self._parse(plan.ids, call.events, parser), lineage=plan.lineage
+            body=call.body,
+            events=self._parse(plan.ids, call.events, parser),
+            lineage=plan.lineage,
+            prompt_ids=plan.ids,
         )
         prepared.malformed = parser.malformed
         return prepared
@@ -219,3 +259,25 @@ def _track(calls: set[int], piece: Piece) -> None:
             calls.discard(delta.index)
         else:
             calls.add(delta.index)
+
+
+def _need_messages(request: ChatRequest) -> None:
+    if not request.messages:
+        raise InvalidRequest("the request has no messages: there is no conversation to continue")
+
+
+def request_size(request: ChatRequest) -> int:
+    """About how many bytes of text a request carries (what rendering it costs)."""
+    size = 0
+    for message in request.messages:
+        for part in message.parts:
+            match part:
+                case TextPart(text=text) | ReasoningPart(text=text):
+                    size += len(text)
+                case ToolCall(arguments=arguments):
+                    size += len(arguments)
+                case ImagePart(url=url):
+                    size += len(url)
+                case _:
+                    assert_never(part)
+    return size + sum(len(str(tool.parameters)) for tool in request.tools)

@@ -22,6 +22,7 @@ from polar.proxy.engines.sglang_tokens import SglangTokenEngine
 from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.engines.vllm import VllmChatEngine
 from polar.proxy.engines.vllm_tokens import VllmTokenEngine
+from polar.proxy.offload import Offload
 from polar.proxy.render.parse import ParserOptions, ToolFormat
 from polar.proxy.render.template import ChatTemplate
 
@@ -32,6 +33,8 @@ def _transport(config: EngineConfig) -> EngineTransport:
         api_key=config.api_key,
         connect_timeout_s=config.connect_timeout_s,
         read_timeout_s=config.read_timeout_s,
+        idle_timeout_s=config.idle_timeout_s,
+        total_timeout_s=config.total_timeout_s,
         max_connections=config.max_connections,
     )
 
@@ -74,7 +77,7 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-def build_capture(config: GatewayConfig) -> Capture:
+def build_capture(config: GatewayConfig, offload: Offload | None = None) -> Capture:
     kind = config.engine.kind
     if config.capture is CaptureMode.ENGINE_RENDERED:
         if kind == "embedded":
@@ -105,4 +108,5 @@ def build_capture(config: GatewayConfig) -> Capture:
             tool_format=ToolFormat(render.tool_format), reasoning=render.reasoning
         ),
         stop_token_ids=tuple(render.stop_token_ids),
+        offload=offload,
     )
