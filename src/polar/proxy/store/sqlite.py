@@ -22,12 +22,9 @@ or ``kill -9`` of the gateway process; a power cut or kernel crash can lose the
 last transactions. ``"full"`` fsyncs every commit and survives those too.
 
 Cost: concurrent writes share one transaction per wake-up of the writer
-(group commit), so the dispatch row costs little under load. Measured by
-``benchmarks/reliability.py store`` (begin + finish against one append per
-call, same machine, same run): see the numbers in that benchmark's output and
-the issue's closing note; at 256 concurrent calls the extra write costs
-about a third more writer time per call, and one commit (~0.1 ms with
-``normal``) on a lone call's time to first token.
+(group commit), so the dispatch row costs less than a second commit per call.
+``benchmarks/reliability.py store`` measures begin + finish against one append
+per call, side by side in one run, at several concurrency levels.
 
 A caller cancelled while waiting does not cancel its write. A write that does
 not commit within ``write_timeout_s`` raises :class:`StoreError` instead of
