@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/reliability.py store [--calls 2000] [--concurrency 1,32,256]
     .venv/bin/python benchmarks/reliability.py crash [--rounds 5] [--sessions 32] [--seed 1]
+    .venv/bin/python benchmarks/reliability.py faults [--calls 1200] [--rate 0.1] [--seed 1]
 
 ``store``: the same calls written two ways, side by side in one run: one
 ``append`` per call (the old way: a call left no trace until it finished)
@@ -17,6 +18,16 @@ finish is ``completed``; every acknowledged dispatch is in the store
 (``completed`` or ``interrupted``); no other status; ``PRAGMA integrity_check``
 is ok. This is the store's half of the issue's crash test; the gateway-process
 half (HTTP clients, engine) is not in this benchmark.
+
+``faults``: a real gateway (engine-rendered, vLLM wire) in front of an engine
+that answers like vLLM but fails ``--rate`` of its replies (seeded): HTTP 500,
+503, a connection reset, a stall past the gateway's timeouts, a stream or body
+cut short, a reply of the wrong shape, a negative token id. ``--calls`` calls
+across the three dialects, streamed and not, from 16 concurrent sessions. It
+checks that every call ends with 200 or a 5xx in its dialect's error shape (a
+streamed call that had begun: an error event in the stream), that every call
+has a record, and that no call the client saw fail has a completed record
+(so none of its tokens can reach a trainer).
 """
 
 from __future__ import annotations
@@ -26,12 +37,18 @@ import asyncio
 import os
 import random
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import httpx
+import orjson
 
 from polar.ir import CaptureMode, CompletionRecord, Dialect, FinishReason, RecordStatus, Timings
 from polar.proxy.store import SessionRow, SqliteStore
@@ -186,6 +203,261 @@ def crash_rounds(rounds: int, sessions: int, seed: int) -> None:
             raise SystemExit(1)
 
 
+# ---------------------------------------------------------------- engine faults
+
+FAULTS = ("http500", "http503", "reset", "stall", "truncated", "shape", "bad_ids")
+_PROMPT = [10, 11, 12, 13]
+_OUTPUT = [(21, "he"), (22, "llo"), (23, " there")]
+
+
+def _chat_reply(bad_ids: bool) -> bytes:
+    ids = [-1 if bad_ids else i for i, _ in _OUTPUT]
+    return orjson.dumps(
+        {
+            "prompt_token_ids": _PROMPT,
+            "choices": [
+                {
+                    "message": {"role": "assistant", "content": "hello there"},
+                    "token_ids": ids,
+                    "logprobs": {"content": [{"token": t, "logprob": -0.5} for _, t in _OUTPUT]},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": len(_PROMPT), "completion_tokens": len(_OUTPUT)},
+        }
+    )
+
+
+def _chunks(bad_ids: bool) -> list[bytes]:
+    out = [orjson.dumps({"prompt_token_ids": _PROMPT, "choices": []})]
+    for i, text in _OUTPUT:
+        lp = {"content": [{"token": text, "logprob": -0.5}]}
+        choice = {"delta": {"content": text}, "token_ids": [-1 if bad_ids else i], "logprobs": lp}
+        out.append(orjson.dumps({"choices": [choice]}))
+    out.append(orjson.dumps({"choices": [{"delta": {}, "finish_reason": "stop"}]}))
+    return [b"data: " + c + b"\n\n" for c in out] + [b"data: [DONE]\n\n"]
+
+
+class FaultyVllm:
+    """Answers ``/v1/chat/completions`` as vLLM does, failing ``rate`` of replies."""
+
+    def __init__(self, rate: float, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.rate = rate
+        self.injected: dict[str, int] = {}
+        self.lock = threading.Lock()
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = orjson.loads(self.rfile.read(int(self.headers["content-length"])))
+                with engine.lock:
+                    fault = engine.rng.choice(FAULTS) if engine.rng.random() < rate else None
+                    if fault:
+                        engine.injected[fault] = engine.injected.get(fault, 0) + 1
+                engine.answer(self, bool(body.get("stream")), fault)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: object, client_address: object) -> None:
+                pass
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def answer(self, h: BaseHTTPRequestHandler, stream: bool, fault: str | None) -> None:
+        if fault == "reset":
+            h.close_connection = True
+            h.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if fault == "stall":
+            time.sleep(2.0)
+        if fault in ("http500", "http503"):
+            payload = b'{"error": {"message": "injected failure"}}'
+            h.send_response(500 if fault == "http500" else 503)
+            h.send_header("content-type", "application/json")
+            h.send_header("content-length", str(len(payload)))
+            h.end_headers()
+            h.wfile.write(payload)
+            return
+        bad = fault == "bad_ids"
+        if not stream:
+            payload = b"[]" if fault == "shape" else _chat_reply(bad)
+            h.send_response(200)
+            h.send_header("content-type", "application/json")
+            h.send_header("content-length", str(len(payload)))
+            h.end_headers()
+            if fault == "truncated":
+                h.wfile.write(payload[: len(payload) // 2])
+                h.close_connection = True
+                h.connection.shutdown(socket.SHUT_RDWR)
+                return
+            h.wfile.write(payload)
+            return
+        chunks = [b"data: []\n\n"] if fault == "shape" else _chunks(bad)
+        h.send_response(200)
+        h.send_header("content-type", "text/event-stream")
+        h.send_header("transfer-encoding", "chunked")
+        h.end_headers()
+        for i, chunk in enumerate(chunks):
+            if fault == "truncated" and i == 3:  # after two tokens
+                h.close_connection = True
+                h.connection.shutdown(socket.SHUT_RDWR)
+                return
+            h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            h.wfile.flush()
+        h.wfile.write(b"0\r\n\r\n")
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+_DIALECTS = {
+    Dialect.OPENAI_CHAT: ("/v1/chat/completions", "messages"),
+    Dialect.ANTHROPIC_MESSAGES: ("/v1/messages", "messages"),
+    Dialect.OPENAI_RESPONSES: ("/v1/responses", "input"),
+}
+
+
+def _call(client: httpx.Client, dialect: Dialect, stream: bool) -> str:
+    """One call; returns ``ok``, ``error <status>`` or ``stream-error``, or raises."""
+    path, field = _DIALECTS[dialect]
+    body: dict[str, object] = {"model": "m", field: [{"role": "user", "content": "hi"}]}
+    body["stream"] = stream
+    if dialect is Dialect.ANTHROPIC_MESSAGES:
+        body["max_tokens"] = 16
+    with client.stream("POST", path, json=body) as reply:
+        raw = reply.read()
+    if reply.status_code != 200:
+        doc = orjson.loads(raw)
+        shaped = (
+            doc.get("type") == "error" and isinstance(doc["error"]["message"], str)
+            if dialect is Dialect.ANTHROPIC_MESSAGES
+            else set(doc) == {"error"} and isinstance(doc["error"]["message"], str)
+        )
+        if not shaped or reply.status_code < 500:
+            raise AssertionError(
+                f"{dialect.value}: bad error reply {reply.status_code} {raw[:200]!r}"
+            )
+        return f"error {reply.status_code}"
+    if not stream:
+        return "ok"
+    text = raw.decode()
+    if dialect is Dialect.OPENAI_CHAT:
+        if 'data: {"error"' in text:  # an error event after the stream had begun
+            return "stream-error"
+        finished = text.rstrip().endswith("data: [DONE]")
+    elif dialect is Dialect.ANTHROPIC_MESSAGES:
+        if "event: error" in text:
+            return "stream-error"
+        finished = "event: message_stop" in text
+    else:
+        if "event: error" in text or "event: response.failed" in text:
+            return "stream-error"
+        finished = "event: response.completed" in text
+    if not finished:
+        raise AssertionError(f"{dialect.value}: stream ended without finishing: {text[-300:]!r}")
+    return "ok"
+
+
+def engine_faults(calls: int, rate: float, seed: int) -> None:
+    from polar.proxy.app import create_app
+    from polar.proxy.config import GatewayConfig
+    from polar.proxy.gateway import Gateway
+    from polar.serverthread import ServerThread
+
+    engine = FaultyVllm(rate, seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = GatewayConfig.model_validate(
+            {
+                "admin_token": "bench-admin-token-0123456789",
+                "engine": {
+                    "kind": "vllm",
+                    "base_url": engine.url,
+                    "model": "m",
+                    "read_timeout_s": 0.5,
+                    "idle_timeout_s": 0.5,
+                    "retry_backoff_s": 0.01,
+                },
+                "store": {"path": f"{tmp}/records.db"},
+            }
+        )
+        gateway = Gateway(config)
+        server = ServerThread(create_app(gateway)).start()
+        admin = httpx.Client(
+            base_url=server.url, headers={"authorization": f"Bearer {config.admin_token}"}
+        )
+        sessions = [admin.post("/admin/sessions", json={}).json() for _ in range(16)]
+        outcomes: dict[str, int] = {}
+        per_call: dict[tuple[str, int], str] = {}
+        lock = threading.Lock()
+        failures: list[str] = []
+
+        def run(index: int) -> None:
+            sid, key = sessions[index]["session_id"], sessions[index]["api_key"]
+            headers = {"authorization": f"Bearer {key}", "x-api-key": key}
+            with httpx.Client(base_url=server.url, headers=headers, timeout=30) as client:
+                for seq in range(1, calls // len(sessions) + 1):
+                    dialect = list(_DIALECTS)[(index + seq) % 3]
+                    try:
+                        outcome = _call(client, dialect, stream=seq % 2 == 0)
+                    except Exception as exc:
+                        with lock:
+                            failures.append(f"{sid}/{seq}: {exc}")
+                        outcome = "broken"
+                    with lock:
+                        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+                        per_call[(sid, seq)] = outcome
+
+        started = time.monotonic()
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(sessions))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - started
+        server.stop()
+        engine.stop()
+        reader = SqliteStore(config.store.path)
+        unrecorded = trainable_failures = 0
+        statuses: dict[str, int] = {}
+        for s in sessions:
+            records = reader.records(s["session_id"])
+            for r in records:
+                statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
+            by_seq: dict[int, list[CompletionRecord]] = {}
+            for r in records:
+                by_seq.setdefault(r.seq, []).append(r)
+            for (sid, seq), outcome in per_call.items():
+                if sid != s["session_id"]:
+                    continue
+                got = by_seq.get(seq, [])
+                if not got:
+                    unrecorded += 1
+                completed = any(r.status is RecordStatus.COMPLETED for r in got)
+                if outcome != "ok" and completed:
+                    trainable_failures += 1
+        total = sum(outcomes.values())
+        print(f"seed {seed}, fault rate {rate:g}, {total} calls in {elapsed:.1f} s")
+        print(f"faults injected: {dict(sorted(engine.injected.items()))}")
+        print(f"client outcomes: {dict(sorted(outcomes.items()))}")
+        print(f"records by status: {dict(sorted(statuses.items()))}")
+        print(f"calls without a record: {unrecorded}")
+        print(f"failed calls with a completed record: {trainable_failures}")
+        for line in failures[:10]:
+            print("BROKEN", line)
+        if failures or unrecorded or trainable_failures:
+            raise SystemExit(1)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_child":
         asyncio.run(_child(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
@@ -199,11 +471,17 @@ def main() -> None:
     p_crash.add_argument("--rounds", type=int, default=5)
     p_crash.add_argument("--sessions", type=int, default=32)
     p_crash.add_argument("--seed", type=int, default=1)
+    p_faults = sub.add_parser("faults", help="engine faults behind a real gateway")
+    p_faults.add_argument("--calls", type=int, default=1200)
+    p_faults.add_argument("--rate", type=float, default=0.1)
+    p_faults.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     if args.command == "store":
         store_cost(args.calls, [int(c) for c in args.concurrency.split(",")])
-    else:
+    elif args.command == "crash":
         crash_rounds(args.rounds, args.sessions, args.seed)
+    else:
+        engine_faults(args.calls, args.rate, args.seed)
 
 
 if __name__ == "__main__":
