@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/reliability.py store [--calls 2000] [--concurrency 1,32,256]
     .venv/bin/python benchmarks/reliability.py crash [--rounds 5] [--sessions 32] [--seed 1]
     .venv/bin/python benchmarks/reliability.py faults [--calls 1200] [--rate 0.1] [--seed 1]
+    .venv/bin/python benchmarks/reliability.py kill-gateway [--rounds 5] [--sessions 32] [--seed 1]
 
 ``store``: the same calls written two ways, side by side in one run: one
 ``append`` per call (the old way: a call left no trace until it finished)
@@ -16,8 +17,16 @@ every acknowledged dispatch and finish; the parent ``kill -9``s it at a random
 moment (seeded) and reopens the store. Each round checks: every acknowledged
 finish is ``completed``; every acknowledged dispatch is in the store
 (``completed`` or ``interrupted``); no other status; ``PRAGMA integrity_check``
-is ok. This is the store's half of the issue's crash test; the gateway-process
-half (HTTP clients, engine) is not in this benchmark.
+is ok.
+
+``kill-gateway``: the same, end to end: a ``polar gateway`` process (its
+own CLI) in front of an engine in this process that streams like vLLM and
+notes the ``x-request-id`` of every request that reaches it; ``--sessions``
+clients stream calls in all three dialects; the gateway is ``kill -9``ed at
+a random moment, restarted on the same store (which marks calls left in
+flight ``interrupted``), and the store is checked: every call the engine saw
+has its record (completed, failed or interrupted), every call a client saw
+finish is completed, integrity ok.
 
 ``faults``: a real gateway (engine-rendered, vLLM wire) in front of an engine
 that answers like vLLM but fails ``--rate`` of its replies (seeded): HTTP 500,
@@ -241,9 +250,11 @@ def _chunks(bad_ids: bool) -> list[bytes]:
 class FaultyVllm:
     """Answers ``/v1/chat/completions`` as vLLM does, failing ``rate`` of replies."""
 
-    def __init__(self, rate: float, seed: int) -> None:
+    def __init__(self, rate: float, seed: int, token_delay_s: float = 0.0) -> None:
         self.rng = random.Random(seed)
         self.rate = rate
+        self.token_delay_s = token_delay_s
+        self.seen: set[str] = set()
         self.injected: dict[str, int] = {}
         self.lock = threading.Lock()
         engine = self
@@ -254,6 +265,7 @@ class FaultyVllm:
             def do_POST(self) -> None:
                 body = orjson.loads(self.rfile.read(int(self.headers["content-length"])))
                 with engine.lock:
+                    engine.seen.add(self.headers.get("x-request-id", "?"))
                     fault = engine.rng.choice(FAULTS) if engine.rng.random() < rate else None
                     if fault:
                         engine.injected[fault] = engine.injected.get(fault, 0) + 1
@@ -313,6 +325,7 @@ class FaultyVllm:
                 return
             h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             h.wfile.flush()
+            time.sleep(self.token_delay_s)
         h.wfile.write(b"0\r\n\r\n")
 
     def stop(self) -> None:
@@ -458,6 +471,123 @@ def engine_faults(calls: int, rate: float, seed: int) -> None:
             raise SystemExit(1)
 
 
+# ---------------------------------------------------------------- kill the gateway
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_gateway(port: int, engine_url: str, store: Path, token: str) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable, "-m", "polar", "gateway", "--port", str(port), "--admin-token", token,
+        "--engine-url", engine_url, "--engine-model", "m", "--store", str(store),
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the gateway did not start")
+
+
+def kill_gateway(rounds: int, sessions: int, seed: int) -> None:
+    rng = random.Random(seed)
+    engine = FaultyVllm(0.0, seed, token_delay_s=0.01)
+    token = "bench-admin-token-0123456789"
+    print(f"seed {seed}, {sessions} concurrent streaming sessions, kill -9 of the gateway")
+    print(
+        f"{'round':>5} {'engine saw':>10} {'recorded':>8} {'acked':>6} {'completed':>9} "
+        f"{'interrupted':>11} {'ok':>4}"
+    )
+    all_ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp) / "records.db"
+        for round_ in range(1, rounds + 1):
+            port = _free_port()
+            url = f"http://127.0.0.1:{port}"
+            proc = _start_gateway(port, engine.url, store, token)
+            admin = httpx.Client(base_url=url, headers={"authorization": f"Bearer {token}"})
+            made = [admin.post("/admin/sessions", json={}).json() for _ in range(sessions)]
+            admin.close()
+            acked: dict[str, int] = {}
+            stop = threading.Event()
+
+            def client(
+                index: int,
+                made: list[dict[str, str]] = made,
+                url: str = url,
+                stop: threading.Event = stop,
+                acked: dict[str, int] = acked,
+            ) -> None:
+                sid, key = made[index]["session_id"], made[index]["api_key"]
+                headers = {"authorization": f"Bearer {key}", "x-api-key": key}
+                with httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+                    n = 0
+                    while not stop.is_set():
+                        n += 1
+                        try:
+                            outcome = _call(http, list(_DIALECTS)[(index + n) % 3], stream=True)
+                        except (httpx.HTTPError, AssertionError, ValueError):
+                            return  # the gateway died under it
+                        if outcome == "ok":
+                            acked[sid] = acked.get(sid, 0) + 1
+
+            with engine.lock:
+                engine.seen.clear()
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(sessions)]
+            for t in threads:
+                t.start()
+            time.sleep(rng.uniform(0.5, 2.0))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            stop.set()
+            for t in threads:
+                t.join()
+            # Restart on the same store: calls left in flight become interrupted.
+            proc = _start_gateway(port, engine.url, store, token)
+            health = httpx.get(f"{url}/health").json()
+            proc.terminate()
+            proc.wait()
+            reader = SqliteStore(store)
+            keys: dict[str, RecordStatus] = {}
+            completed_per: dict[str, int] = {}
+            for m in made:
+                for r in reader.records(m["session_id"]):
+                    keys[f"{r.session_id}/{r.seq}.{r.attempt}"] = r.status
+                    if r.status is RecordStatus.COMPLETED:
+                        completed_per[r.session_id] = completed_per.get(r.session_id, 0) + 1
+            with engine.lock:
+                seen = set(engine.seen)
+            with sqlite3.connect(store) as conn:
+                integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+            statuses = set(keys.values())
+            ok = (
+                seen <= set(keys)
+                and all(completed_per.get(sid, 0) >= n for sid, n in acked.items())
+                and RecordStatus.IN_FLIGHT not in statuses
+                and integrity == "ok"
+            )
+            all_ok &= ok
+            interrupted = sum(1 for v in keys.values() if v is RecordStatus.INTERRUPTED)
+            print(
+                f"{round_:>5} {len(seen):>10} {len(keys):>8} {sum(acked.values()):>6} "
+                f"{sum(completed_per.values()):>9} {interrupted:>11} {'yes' if ok else 'NO':>4}"
+                f"  (health after restart: interrupted_at_start="
+                f"{health['store']['interrupted_at_start']})"
+            )
+    engine.stop()
+    print("all rounds ok" if all_ok else "SOME ROUND FAILED")
+    if not all_ok:
+        raise SystemExit(1)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_child":
         asyncio.run(_child(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
@@ -475,8 +605,14 @@ def main() -> None:
     p_faults.add_argument("--calls", type=int, default=1200)
     p_faults.add_argument("--rate", type=float, default=0.1)
     p_faults.add_argument("--seed", type=int, default=1)
+    p_kill = sub.add_parser("kill-gateway", help="kill -9 rounds of a gateway process")
+    p_kill.add_argument("--rounds", type=int, default=5)
+    p_kill.add_argument("--sessions", type=int, default=32)
+    p_kill.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    if args.command == "store":
+    if args.command == "kill-gateway":
+        kill_gateway(args.rounds, args.sessions, args.seed)
+    elif args.command == "store":
         store_cost(args.calls, [int(c) for c in args.concurrency.split(",")])
     elif args.command == "crash":
         crash_rounds(args.rounds, args.sessions, args.seed)
