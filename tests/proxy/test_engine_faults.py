@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from polar.ir import ErrorKind, RecordStatus
+from polar.ir import Dialect, ErrorKind, RecordStatus
 
 from support.faulty import (
     PATHS,
@@ -130,3 +130,43 @@ def test_token_mode_streams_get_a_real_status_when_the_engine_fails_before_the_f
         ErrorKind.ENGINE_PROTOCOL,
         ErrorKind.ENGINE_TIMEOUT,
     }
+
+
+def test_a_reset_kept_alive_connection_is_retried_as_a_new_recorded_attempt(
+    make_stack: Any, faulty: FaultyEngine
+) -> None:
+    """The HTTP pool used to resend on its own under the same request id, and
+    the first send was never recorded. Now each send is an attempt with a record."""
+    faulty.reply = Reply(body=_chat_reply([7, 8], [-0.5, -0.25]))
+    stack = make_stack({"turns": [{"text": "never"}]}, engine_url=faulty.url)
+    sid, key = stack.new_session()
+    body = request_body(Dialect.OPENAI_CHAT, stream=False)
+    with httpx.Client(base_url=stack.url, headers=client_headers(key), timeout=30) as client:
+        assert client.post(PATHS[Dialect.OPENAI_CHAT], json=body).status_code == 200
+        faulty.resets = 1  # the pooled connection dies as the next request arrives
+        assert client.post(PATHS[Dialect.OPENAI_CHAT], json=body).status_code == 200
+    assert faulty.request_ids == [f"{sid}/1.1", f"{sid}/2.1", f"{sid}/2.2"]
+    records = stack.records(sid)
+    assert [(r.seq, r.attempt, r.status) for r in records] == [
+        (1, 1, RecordStatus.COMPLETED),
+        (2, 1, RecordStatus.FAILED),
+        (2, 2, RecordStatus.COMPLETED),
+    ]
+    assert records[1].error is not None and records[1].error.kind is ErrorKind.ENGINE_UNAVAILABLE
+
+
+def test_an_engine_gone_silent_mid_stream_fails_after_the_idle_timeout(make_stack: Any) -> None:
+    """The scripted engine sends its first chunk at once, then one token a second;
+    the idle timeout (0.3 s) ends the call long before the read timeout (30 s)."""
+    stack = make_stack(
+        {"turns": [{"text": "slow words here"}]},
+        token_delay_s=1.0,
+        engine={"read_timeout_s": 30, "idle_timeout_s": 0.3, "max_attempts": 1},
+    )
+    sid, key = stack.new_session()
+    body = request_body(Dialect.OPENAI_CHAT, stream=True)
+    with httpx.Client(base_url=stack.url, headers=client_headers(key), timeout=30) as client:
+        reply = client.post(PATHS[Dialect.OPENAI_CHAT], json=body)
+    assert "went silent" in assert_dialect_error(Dialect.OPENAI_CHAT, reply, 504)
+    (record,) = stack.records(sid)
+    assert record.error is not None and record.error.kind is ErrorKind.ENGINE_TIMEOUT

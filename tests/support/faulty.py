@@ -9,6 +9,7 @@ misbehave on purpose.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -79,6 +80,9 @@ class Reply:
 class FaultyEngine:
     reply: Reply = field(default_factory=Reply)
     requests: list[bytes] = field(default_factory=list)
+    request_ids: list[str] = field(default_factory=list)
+    resets: int = 0
+    """How many of the next requests get their connection closed without a reply."""
 
     def __post_init__(self) -> None:
         engine = self
@@ -89,6 +93,12 @@ class FaultyEngine:
             def do_POST(self) -> None:
                 size = int(self.headers.get("content-length") or 0)
                 engine.requests.append(self.rfile.read(size))
+                engine.request_ids.append(self.headers.get("x-request-id", ""))
+                if engine.resets > 0:
+                    engine.resets -= 1
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 reply = engine.reply
                 time.sleep(reply.delay_s)
                 self.send_response(reply.status)
