@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/reliability.py crash [--rounds 5] [--sessions 32] [--seed 1]
     .venv/bin/python benchmarks/reliability.py faults [--calls 1200] [--rate 0.1] [--seed 1]
     .venv/bin/python benchmarks/reliability.py kill-gateway [--rounds 5] [--sessions 32] [--seed 1]
+    .venv/bin/python benchmarks/reliability.py big-prompts [--mb 4] [--count 3]
 
 ``store``: the same calls written two ways, side by side in one run: one
 ``append`` per call (the old way: a call left no trace until it finished)
@@ -27,6 +28,13 @@ a random moment, restarted on the same store (which marks calls left in
 flight ``interrupted``), and the store is checked: every call the engine saw
 has its record (completed, failed or interrupted), every call a client saw
 finish is completed, integrity ok.
+
+``big-prompts``: token-in/token-out mode, where the gateway renders and
+tokenizes prompts itself. A small streamed call is repeated on one session
+while ``--count`` calls with a ``--mb`` MB user message arrive at once on
+others; the small calls' latency is reported side by side with the same calls
+with nothing big in flight, and the process's peak RSS. Rendering runs on
+offload workers, so the event loop keeps serving the small calls.
 
 ``faults``: a real gateway (engine-rendered, vLLM wire) in front of an engine
 that answers like vLLM but fails ``--rate`` of its replies (seeded): HTTP 500,
@@ -588,6 +596,116 @@ def kill_gateway(rounds: int, sessions: int, seed: int) -> None:
         raise SystemExit(1)
 
 
+# ---------------------------------------------------------------- big prompts
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def big_prompts(mb: float, count: int) -> None:
+    import resource
+
+    from polar.proxy.app import create_app
+    from polar.proxy.config import GatewayConfig
+    from polar.proxy.gateway import Gateway
+    from polar.serverthread import ServerThread
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # The engine is its own process (as vLLM is), so only the gateway is measured.
+        script = Path(tmp) / "script.json"
+        script.write_bytes(orjson.dumps({"turns": [{"text": "ok"}], "cycle": True}))
+        port = _free_port()
+        engine = subprocess.Popen(
+            [sys.executable, "-m", "polar", "engine", "scripted", "--script", str(script),
+             "--port", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/v1/models")
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        config = GatewayConfig.model_validate(
+            {
+                "admin_token": "bench-admin-token-0123456789",
+                "capture": "token_in_token_out",
+                "engine": {
+                    "kind": "vllm",
+                    "base_url": f"http://127.0.0.1:{port}",
+                    "model": "scripted",
+                },
+                "store": {"path": f"{tmp}/records.db"},
+            }
+        )
+        server = ServerThread(create_app(Gateway(config))).start()
+        admin = httpx.Client(
+            base_url=server.url, headers={"authorization": f"Bearer {config.admin_token}"}
+        )
+        keys = [admin.post("/admin/sessions", json={}).json()["api_key"] for _ in range(count + 1)]
+
+        def post(key: str, text: str, timeout: float = 300) -> float:
+            started = time.perf_counter()
+            with httpx.Client(base_url=server.url, timeout=timeout) as http:
+                reply = http.post(
+                    "/v1/chat/completions",
+                    headers={"authorization": f"Bearer {key}"},
+                    json={
+                        "model": "m",
+                        "stream": True,
+                        "messages": [{"role": "user", "content": text}],
+                    },
+                )
+            reply.raise_for_status()
+            return time.perf_counter() - started
+
+        def small_calls(until: threading.Event | None, n: int) -> list[float]:
+            out = []
+            while (until is not None and not until.is_set()) or (until is None and len(out) < n):
+                out.append(post(keys[0], "hi"))
+            return out
+
+        alone = small_calls(None, 30)
+        rss_before = _rss_mb()
+        big_text = " ".join(["word"] * int(mb * (1 << 20) / 5))
+        done = threading.Event()
+        big_times: list[float] = []
+
+        def big(key: str) -> None:
+            big_times.append(post(key, big_text))
+
+        bigs = [threading.Thread(target=big, args=(k,)) for k in keys[1:]]
+        for t in bigs:
+            t.start()
+        waiter = threading.Thread(target=lambda: ([t.join() for t in bigs], done.set()))
+        waiter.start()
+        during = small_calls(done, 0)
+        waiter.join()
+        server.stop()
+        engine.terminate()
+        engine.wait()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
+
+    print(f"{count} calls of {mb:g} MB at once, token-in/token-out, one small call repeated")
+    print(f"{'small calls':>22} {'n':>4} {'p50 ms':>8} {'p90 ms':>8} {'max ms':>8}")
+    for name, xs in (("alone", alone), ("during the big calls", during)):
+        p50, p90, top = pct(xs, 0.5), pct(xs, 0.9), max(xs) * 1e3
+        print(f"{name:>22} {len(xs):>4} {p50:>8.1f} {p90:>8.1f} {top:>8.1f}")
+    print(f"big calls: {', '.join(f'{t:.1f} s' for t in sorted(big_times))}")
+    print(f"RSS before the big calls {rss_before:.0f} MB, peak {peak:.0f} MB")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_child":
         asyncio.run(_child(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
@@ -609,8 +727,13 @@ def main() -> None:
     p_kill.add_argument("--rounds", type=int, default=5)
     p_kill.add_argument("--sessions", type=int, default=32)
     p_kill.add_argument("--seed", type=int, default=1)
+    p_big = sub.add_parser("big-prompts", help="small calls while big prompts render")
+    p_big.add_argument("--mb", type=float, default=4.0)
+    p_big.add_argument("--count", type=int, default=3)
     args = parser.parse_args()
-    if args.command == "kill-gateway":
+    if args.command == "big-prompts":
+        big_prompts(args.mb, args.count)
+    elif args.command == "kill-gateway":
         kill_gateway(args.rounds, args.sessions, args.seed)
     elif args.command == "store":
         store_cost(args.calls, [int(c) for c in args.concurrency.split(",")])

@@ -6,6 +6,10 @@ every stream at once. Such steps run here instead, on worker threads: at most
 ``workers`` at a time, and at most ``budget_bytes`` of input being worked on
 at once (a step bigger than the whole budget runs alone), so memory stays
 bounded whatever arrives. Waiting steps go first come, first served.
+
+Steps of at most ``small_bytes`` (an ordinary agent's call) have a lane of
+their own, outside the budget, so they never queue behind big ones: a few
+4 MB prompts being rendered do not hold up every other session's next call.
 """
 
 from __future__ import annotations
@@ -22,10 +26,14 @@ T = TypeVar("T")
 
 
 class Offload:
-    def __init__(self, *, workers: int, budget_bytes: int) -> None:
+    def __init__(self, *, workers: int, budget_bytes: int, small_bytes: int = 256 << 10) -> None:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="polar-offload"
         )
+        self._small_executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="polar-offload-small"
+        )
+        self._small = small_bytes
         self._budget = budget_bytes
         self._used = 0
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
@@ -41,6 +49,9 @@ class Offload:
         waiting (a cancelled caller does not stop a running thread).
         """
         cost = max(0, cost)
+        if cost <= self._small:
+            small = self._small_executor.submit(functools.partial(fn, *args))
+            return await asyncio.wrap_future(small)
         await self._acquire(cost)
         loop = asyncio.get_running_loop()
         try:
@@ -86,6 +97,7 @@ class Offload:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._small_executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _call_soon(
