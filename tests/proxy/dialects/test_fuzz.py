@@ -11,7 +11,8 @@ request that reaches it (a cycling one-turn script).
 Every case has a fixed seed (:data:`SEEDS`), named in any failure with the
 mutant's index, so a CI failure replays exactly: ``mutants(dialect, n, seed)``.
 Some values are hostile on purpose: nesting past every parser's comfort,
-and strings of hundreds of kilobytes.
+and strings of tens of kilobytes (hostile sizes have their own tests:
+tests/proxy/test_ingress_limits.py).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ ODD_VALUES: list[Any] = [
     {"type": "hologram"},
     [{"type": "hologram"}],
     {"role": "wizard", "content": "hi"},
-    "y" * 300_000,
+    "y" * 40_000,
     [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],
 ]
 # Fixed per case: string hashing (``hash()``) changes with every process.
