@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/reliability.py faults [--calls 1200] [--rate 0.1] [--seed 1]
     .venv/bin/python benchmarks/reliability.py kill-gateway [--rounds 5] [--sessions 32] [--seed 1]
     .venv/bin/python benchmarks/reliability.py big-prompts [--mb 4] [--count 3]
+    .venv/bin/python benchmarks/reliability.py weight-sync [--calls 2000] [--sessions 32]
 
 ``store``: the same calls written two ways, side by side in one run: one
 ``append`` per call (the old way: a call left no trace until it finished)
@@ -28,6 +29,13 @@ a random moment, restarted on the same store (which marks calls left in
 flight ``interrupted``), and the store is checked: every call the engine saw
 has its record (completed, failed or interrupted), every call a client saw
 finish is completed, integrity ok.
+
+``weight-sync``: a real gateway under ``--sessions`` streaming and
+non-streaming clients is paused and resumed ``--syncs`` times, each time
+with a new policy version, as a trainer loading new weights does; the engine
+names the version of its weights at the start of each reply. Checks: no call
+fails or is aborted, and every record is stamped with the version that
+served it.
 
 ``big-prompts``: token-in/token-out mode, where the gateway renders and
 tokenizes prompts itself. A small streamed call is repeated on one session
@@ -227,14 +235,14 @@ _PROMPT = [10, 11, 12, 13]
 _OUTPUT = [(21, "he"), (22, "llo"), (23, " there")]
 
 
-def _chat_reply(bad_ids: bool) -> bytes:
+def _chat_reply(bad_ids: bool, tag: str = "") -> bytes:
     ids = [-1 if bad_ids else i for i, _ in _OUTPUT]
     return orjson.dumps(
         {
             "prompt_token_ids": _PROMPT,
             "choices": [
                 {
-                    "message": {"role": "assistant", "content": "hello there"},
+                    "message": {"role": "assistant", "content": tag + "hello there"},
                     "token_ids": ids,
                     "logprobs": {"content": [{"token": t, "logprob": -0.5} for _, t in _OUTPUT]},
                     "finish_reason": "stop",
@@ -245,9 +253,10 @@ def _chat_reply(bad_ids: bool) -> bytes:
     )
 
 
-def _chunks(bad_ids: bool) -> list[bytes]:
+def _chunks(bad_ids: bool, tag: str = "") -> list[bytes]:
     out = [orjson.dumps({"prompt_token_ids": _PROMPT, "choices": []})]
-    for i, text in _OUTPUT:
+    for n, (i, text) in enumerate(_OUTPUT):
+        text = tag + text if n == 0 else text
         lp = {"content": [{"token": text, "logprob": -0.5}]}
         choice = {"delta": {"content": text}, "token_ids": [-1 if bad_ids else i], "logprobs": lp}
         out.append(orjson.dumps({"choices": [choice]}))
@@ -263,6 +272,8 @@ class FaultyVllm:
         self.rate = rate
         self.token_delay_s = token_delay_s
         self.seen: set[str] = set()
+        self.version = 0
+        """The weights' version, named at the start of every reply (``v3 ``)."""
         self.injected: dict[str, int] = {}
         self.lock = threading.Lock()
         engine = self
@@ -309,7 +320,7 @@ class FaultyVllm:
             return
         bad = fault == "bad_ids"
         if not stream:
-            payload = b"[]" if fault == "shape" else _chat_reply(bad)
+            payload = b"[]" if fault == "shape" else _chat_reply(bad, f"v{self.version} ")
             h.send_response(200)
             h.send_header("content-type", "application/json")
             h.send_header("content-length", str(len(payload)))
@@ -321,7 +332,7 @@ class FaultyVllm:
                 return
             h.wfile.write(payload)
             return
-        chunks = [b"data: []\n\n"] if fault == "shape" else _chunks(bad)
+        chunks = [b"data: []\n\n"] if fault == "shape" else _chunks(bad, f"v{self.version} ")
         h.send_response(200)
         h.send_header("content-type", "text/event-stream")
         h.send_header("transfer-encoding", "chunked")
@@ -477,6 +488,90 @@ def engine_faults(calls: int, rate: float, seed: int) -> None:
             print("BROKEN", line)
         if failures or unrecorded or trainable_failures:
             raise SystemExit(1)
+
+
+# ---------------------------------------------------------------- weight sync
+
+
+def weight_sync(calls: int, sessions: int, syncs: int) -> None:
+    from polar.proxy.app import create_app
+    from polar.proxy.config import GatewayConfig
+    from polar.proxy.gateway import Gateway
+    from polar.serverthread import ServerThread
+
+    engine = FaultyVllm(0.0, 0, token_delay_s=0.005)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = GatewayConfig.model_validate(
+            {
+                "admin_token": "bench-admin-token-0123456789",
+                "engine": {"kind": "vllm", "base_url": engine.url, "model": "m"},
+                "store": {"path": f"{tmp}/records.db"},
+            }
+        )
+        server = ServerThread(create_app(Gateway(config))).start()
+        admin = httpx.Client(
+            base_url=server.url,
+            headers={"authorization": f"Bearer {config.admin_token}"},
+            timeout=120,
+        )
+        made = [admin.post("/admin/sessions", json={}).json() for _ in range(sessions)]
+        outcomes: dict[str, int] = {}
+        lock = threading.Lock()
+        running = threading.Event()
+        running.set()
+
+        def client(index: int) -> None:
+            key = made[index]["api_key"]
+            headers = {"authorization": f"Bearer {key}", "x-api-key": key}
+            with httpx.Client(base_url=server.url, headers=headers, timeout=120) as http:
+                for n in range(calls // sessions):
+                    try:
+                        outcome = _call(http, list(_DIALECTS)[(index + n) % 3], stream=n % 2 == 0)
+                    except Exception as exc:
+                        outcome = f"broken: {type(exc).__name__}"
+                    with lock:
+                        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(sessions)]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        pauses: list[float] = []
+        for _ in range(syncs):
+            time.sleep(0.1)
+            t0 = time.monotonic()
+            paused = admin.post("/admin/pause", json={})
+            pauses.append(time.monotonic() - t0)
+            if paused.status_code != 200:
+                raise SystemExit(f"pause failed: {paused.status_code} {paused.text}")
+            engine.version += 1  # new weights load while nothing is in flight
+            admin.post("/admin/resume", json={"policy_version": engine.version}).raise_for_status()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - started
+        server.stop()
+        engine.stop()
+        reader = SqliteStore(config.store.path)
+        statuses: dict[str, int] = {}
+        mismatched = 0
+        versions: set[int] = set()
+        for m in made:
+            for r in reader.records(m["session_id"]):
+                statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
+                text = r.message.text if r.message is not None else ""
+                served_by = int(text.split()[0][1:]) if text.startswith("v") else -1
+                versions.add(r.policy_version)
+                mismatched += served_by != r.policy_version
+    total = sum(outcomes.values())
+    print(f"{total} calls from {sessions} sessions in {elapsed:.1f} s, {syncs} pause/resume cycles")
+    print(f"client outcomes: {dict(sorted(outcomes.items()))}")
+    print(f"records by status: {dict(sorted(statuses.items()))}")
+    print(f"versions stamped: {len(versions)} distinct, {min(versions)}..{max(versions)}")
+    print(f"records stamped with a version other than the one that served them: {mismatched}")
+    print(f"pause (drain) time: p50 {sorted(pauses)[len(pauses) // 2] * 1e3:.0f} ms, "
+          f"max {max(pauses) * 1e3:.0f} ms")  # fmt: skip
+    if mismatched or outcomes.get("ok", 0) != total or set(statuses) != {"completed"}:
+        raise SystemExit(1)
 
 
 # ---------------------------------------------------------------- kill the gateway
@@ -730,8 +825,14 @@ def main() -> None:
     p_big = sub.add_parser("big-prompts", help="small calls while big prompts render")
     p_big.add_argument("--mb", type=float, default=4.0)
     p_big.add_argument("--count", type=int, default=3)
+    p_sync = sub.add_parser("weight-sync", help="pause/resume under load")
+    p_sync.add_argument("--calls", type=int, default=2000)
+    p_sync.add_argument("--sessions", type=int, default=32)
+    p_sync.add_argument("--syncs", type=int, default=20)
     args = parser.parse_args()
-    if args.command == "big-prompts":
+    if args.command == "weight-sync":
+        weight_sync(args.calls, args.sessions, args.syncs)
+    elif args.command == "big-prompts":
         big_prompts(args.mb, args.count)
     elif args.command == "kill-gateway":
         kill_gateway(args.rounds, args.sessions, args.seed)
