@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/reliability.py kill-gateway [--rounds 5] [--sessions 32] [--seed 1]
     .venv/bin/python benchmarks/reliability.py big-prompts [--mb 4] [--count 3]
     .venv/bin/python benchmarks/reliability.py weight-sync [--calls 2000] [--sessions 32]
+    .venv/bin/python benchmarks/reliability.py fuzz [--per-case 10000] [--seed 1]
 
 ``store``: the same calls written two ways, side by side in one run: one
 ``append`` per call (the old way: a call left no trace until it finished)
@@ -36,6 +37,13 @@ with a new policy version, as a trainer loading new weights does; the engine
 names the version of its weights at the start of each reply. Checks: no call
 fails or is aborted, and every record is stamped with the version that
 served it.
+
+``fuzz``: a ``polar gateway`` process (each capture mode in turn) before
+a scripted engine process; ``--per-case`` mutants of the golden requests the
+real CLIs sent (``tests/fixtures/harness``) per dialect, with keys dropped,
+values of the wrong type, nesting up to 1,000 deep, strings up to 1 MB, bodies
+cut short or not UTF-8. Reports statuses, 5xx, dropped connections, the
+slowest reply, and the gateway's RSS before and after.
 
 ``big-prompts``: token-in/token-out mode, where the gateway renders and
 tokenizes prompts itself. A small streamed call is repeated on one session
@@ -574,6 +582,157 @@ def weight_sync(calls: int, sessions: int, syncs: int) -> None:
         raise SystemExit(1)
 
 
+# ---------------------------------------------------------------- fuzz
+
+_ODD: list[object] = [None, True, 0, -1, 2**63, 1e308, "", "\u0000", [], {}, {"type": "hologram"}]
+_DEEP = "<deep>"
+
+
+def _paths(value: object, path: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    out: list[tuple[object, ...]] = []
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, child in items:
+        out.append((*path, key))
+        out.extend(_paths(child, (*path, key)))
+    return out
+
+
+def _mutant(base: dict[str, object], rng: random.Random) -> bytes:
+    body = orjson.loads(orjson.dumps(base))
+    roll = rng.random()
+    depth = 0
+    for _ in range(rng.randint(1, 3)):
+        paths = _paths(body)
+        if not paths:
+            break
+        path = rng.choice(paths)
+        parent = body
+        for step in path[:-1]:
+            parent = parent[step]  # type: ignore[index]
+        key = path[-1]
+        choice = rng.random()
+        if choice < 0.3:
+            del parent[key]  # type: ignore[attr-defined]
+        elif choice < 0.4:
+            depth = rng.choice([70, 256, 300, 990, 1000])
+            parent[key] = _DEEP  # type: ignore[index]
+        elif choice < 0.45:
+            parent[key] = "z" * rng.choice([5_000, 300_000, 1_000_000])  # type: ignore[index]
+        else:
+            parent[key] = rng.choice(_ODD)  # type: ignore[index]
+    raw = orjson.dumps(body)
+    if depth:
+        raw = raw.replace(orjson.dumps(_DEEP), b"[" * depth + b"]" * depth, 1)
+    if roll < 0.04:
+        return raw[: rng.randrange(len(raw))]
+    if roll < 0.06:
+        return raw.replace(b'"', b"\xff", 1)
+    return raw
+
+
+def _wait_for(url: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise SystemExit(f"{url} did not come up")
+
+
+def _rss_of(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def fuzz(per_case: int, seed: int) -> None:
+    fixtures = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "harness"
+    bases: dict[Dialect, list[dict[str, object]]] = {d: [] for d in _DIALECTS}
+    for path in sorted(fixtures.glob("*/*.json")):
+        fixture = orjson.loads(path.read_bytes())
+        bases[Dialect(fixture["dialect"])].append(fixture["body"])
+    token = "bench-admin-token-0123456789"
+    print(f"seed {seed}, {per_case} mutants per dialect and capture mode")
+    print(f"{'mode':>19} {'dialect':>19} {'2xx':>6} {'4xx':>6} {'5xx':>4} {'dropped':>7} "
+          f"{'slowest s':>9} {'RSS MB':>13}")  # fmt: skip
+    bad = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "script.json"
+        script.write_bytes(orjson.dumps({"turns": [{"text": "ok"}], "cycle": True}))
+        engine_port = _free_port()
+        engine = subprocess.Popen(
+            [sys.executable, "-m", "polar", "engine", "scripted", "--script", str(script),
+             "--port", str(engine_port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        _wait_for(f"http://127.0.0.1:{engine_port}/v1/models")
+        for mode in ("engine_rendered", "token_in_token_out"):
+            port = _free_port()
+            command = [
+                sys.executable, "-m", "polar", "gateway", "--port", str(port),
+                "--admin-token", token, "--engine-url", f"http://127.0.0.1:{engine_port}",
+                "--engine-model", "scripted", "--store", f"{tmp}/{mode}.db", "--capture", mode,
+            ]  # fmt: skip
+            gateway = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            url = f"http://127.0.0.1:{port}"
+            _wait_for(f"{url}/health")
+            admin = httpx.Client(base_url=url, headers={"authorization": f"Bearer {token}"})
+            key = admin.post("/admin/sessions", json={}).json()["api_key"]
+            headers = {
+                "authorization": f"Bearer {key}",
+                "x-api-key": key,
+                "anthropic-version": "2023-06-01",
+                "content-type": "application/json",
+            }
+            for dialect, (path, _) in _DIALECTS.items():
+                rng = random.Random(f"{seed}/{mode}/{dialect.value}")
+                counts = {"2xx": 0, "4xx": 0, "5xx": 0, "dropped": 0}
+                samples: list[str] = []
+                slowest = 0.0
+                rss_start = _rss_of(gateway.pid)
+                with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
+                    for _ in range(per_case):
+                        raw = _mutant(rng.choice(bases[dialect]), rng)
+                        t0 = time.monotonic()
+                        try:
+                            reply = http.post(path, content=raw)
+                            status = reply.status_code
+                            if status >= 500:
+                                samples.append(f"{status} {reply.text[:300]!r} <- {raw[:200]!r}")
+                        except httpx.HTTPError:
+                            counts["dropped"] += 1
+                            continue
+                        slowest = max(slowest, time.monotonic() - t0)
+                        counts[f"{status // 100}xx"] = counts.get(f"{status // 100}xx", 0) + 1
+                rss = f"{rss_start:.0f}->{_rss_of(gateway.pid):.0f}"
+                bad += counts["5xx"] + counts["dropped"]
+                c = counts
+                print(
+                    f"{mode:>19} {dialect.value:>19} {c['2xx']:>6} {c['4xx']:>6} {c['5xx']:>4} "
+                    f"{c['dropped']:>7} {slowest:>9.2f} {rss:>13}"
+                )
+                for sample in samples[:3]:
+                    print("   5xx:", sample)
+            gateway.terminate()
+            gateway.wait()
+        engine.terminate()
+        engine.wait()
+    if bad:
+        raise SystemExit(1)
+
+
 # ---------------------------------------------------------------- kill the gateway
 
 
@@ -721,13 +880,7 @@ def big_prompts(mb: float, count: int) -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/v1/models")
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        _wait_for(f"http://127.0.0.1:{port}/v1/models")
         config = GatewayConfig.model_validate(
             {
                 "admin_token": "bench-admin-token-0123456789",
@@ -829,8 +982,13 @@ def main() -> None:
     p_sync.add_argument("--calls", type=int, default=2000)
     p_sync.add_argument("--sessions", type=int, default=32)
     p_sync.add_argument("--syncs", type=int, default=20)
+    p_fuzz = sub.add_parser("fuzz", help="mutated CLI requests against a gateway process")
+    p_fuzz.add_argument("--per-case", type=int, default=10000)
+    p_fuzz.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    if args.command == "weight-sync":
+    if args.command == "fuzz":
+        fuzz(args.per_case, args.seed)
+    elif args.command == "weight-sync":
         weight_sync(args.calls, args.sessions, args.syncs)
     elif args.command == "big-prompts":
         big_prompts(args.mb, args.count)
