@@ -131,12 +131,24 @@ def test_calls_wait_while_paused_and_run_under_the_new_policy_version(make_stack
         thread = _call_in_thread(stack, key, out)
         time.sleep(0.5)
         assert out == [], "a call must not run while the gateway is paused"
-        assert admin.get("/admin/status").json()["paused"] is True
+        status = admin.get("/admin/status").json()
+        assert status["paused"] is True and status["waiting"] == 1
         resumed = admin.post("/admin/resume", json={"policy_version": 7})
         assert resumed.json() | {"paused": False, "policy_version": 7} == resumed.json()
         thread.join(10)
     assert out[0].status_code == 200
     assert [r.policy_version for r in stack.records(sid)] == [0, 7]
+
+
+def test_a_restarted_gateway_keeps_its_policy_version(make_stack: Any) -> None:
+    stack = make_stack({"turns": [{"text": "x"}]})
+    with stack.admin() as admin:
+        admin.post("/admin/pause", json={"timeout_s": 5})
+        assert admin.post("/admin/resume", json={"policy_version": 9}).status_code == 200
+    stack.stop_gateway()
+    stack.start_gateway()
+    with stack.admin() as admin:
+        assert admin.get("/admin/status").json()["policy_version"] == 9
 
 
 def test_pause_waits_for_in_flight_calls_to_drain(make_stack: Any) -> None:
@@ -149,6 +161,7 @@ def test_pause_waits_for_in_flight_calls_to_drain(make_stack: Any) -> None:
         reply = admin.post("/admin/pause", json={"timeout_s": 10})
         assert reply.status_code == 200
         assert reply.json()["drained"] is True and reply.json()["inflight"] == 0
+        assert reply.json()["drained_calls"] == 1
         assert reply.json()["waited_s"] > 0.2
         admin.post("/admin/resume")
     thread.join(10)

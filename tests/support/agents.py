@@ -27,8 +27,37 @@ def chat(text):
     with urllib.request.urlopen(request, timeout=60) as reply:
         return json.load(reply)
 
+def call(body):
+    body = {"model": os.environ["OPENAI_MODEL"], **body}
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                 "content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return json.load(reply)["choices"][0]["message"]
+
+BASH = {"type": "function", "function": {"name": "bash", "description": "Run a command.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}
+
 mode = sys.argv[1]
-if mode == "tree":
+if mode == "converse":
+    # A title side call, then a tool round trip. The reply is replayed the way
+    # Qwen Code does it: reasoning dropped, arguments re-serialized.
+    call({"messages": [{"role": "user", "content": "Write a title for: fix the bug"}]})
+    messages = [{"role": "system", "content": "You fix bugs."},
+                {"role": "user", "content": "Fix the bug."}]
+    first = call({"messages": messages, "tools": [BASH]})
+    tool_call = first["tool_calls"][0]
+    arguments = json.dumps(json.loads(tool_call["function"]["arguments"]), indent=1)
+    messages.append({"role": "assistant", "content": first.get("content"), "tool_calls": [
+        {"id": tool_call["id"], "type": "function",
+         "function": {"name": "bash", "arguments": arguments}}]})
+    messages.append({"role": "tool", "tool_call_id": tool_call["id"], "content": "fixed"})
+    call({"messages": messages, "tools": [BASH]})
+    open("done", "w").write("1")
+elif mode == "tree":
     # a child, a grandchild in its own session, and this process: all must die
     subprocess.Popen(["sleep", "7301"])
     subprocess.Popen(["sh", "-c", "sleep 7302 & wait"], start_new_session=True)
@@ -50,6 +79,28 @@ elif mode == "fail":
     print("the agent gave up", file=sys.stderr)
     sys.exit(3)
 """
+
+CONVERSE_SCRIPT = {
+    "side": [{"when": {"prompt_contains": "Write a title"}, "text": "Bug fix"}],
+    "turns": [
+        {
+            "reasoning": "Look first.",
+            "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}],
+            "expect": {"prompt_contains": "Fix the bug."},
+        },
+        {"reasoning": "It is fixed.", "text": "Done.", "expect": {"prompt_contains": "fixed"}},
+    ],
+}
+"""The scripted model of the ``converse`` agent."""
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a command.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+    },
+}
+"""The tool the ``converse`` agent offers."""
 
 MARKERS = ("sleep 7301", "sleep 7302", "agent.py tree", "agent.py hang")
 

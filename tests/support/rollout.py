@@ -1,5 +1,6 @@
-"""A whole rollout service on this machine for tests: the scripted engine, a
-rollout server and a gateway node, each a real HTTP server on its own port.
+"""A whole rollout service on this machine for tests: the scripted engine (or
+any engine given by its gateway config), a rollout server and a gateway node,
+each a real HTTP server on its own port.
 
 The node runs sessions in the real ``local`` runtime (bubblewrap) with the real
 harness CLIs from ``.cache/harness``; only the model is scripted.
@@ -79,16 +80,28 @@ class RolloutStack:
         self,
         root: Path,
         tokenizer: Any,
-        script: dict[str, Any],
+        script: dict[str, Any] | None,
         *,
         node: dict[str, Any] | None = None,
         server: dict[str, Any] | None = None,
         token_delay_s: float = 0.0,
+        engine: dict[str, Any] | None = None,
     ) -> None:
+        """``engine``: the gateway's engine section for an engine already serving
+        (then ``script`` is None and no scripted engine starts)."""
         self.root = root
-        self.engine = ScriptedEngine(
-            script_from_dict(script), tokenizer, token_delay_s=token_delay_s
-        ).start()
+        self.engine: Any = None
+        if engine is None:
+            assert script is not None
+            self.engine = ScriptedEngine(
+                script_from_dict(script), tokenizer, token_delay_s=token_delay_s
+            ).start()
+            engine = {
+                "kind": "vllm",
+                "base_url": self.engine.url,
+                "model": "scripted",
+                "retry_backoff_s": 0.01,
+            }
         self._threads: list[ServerThread] = []
         self.server_config = ServerConfig.model_validate(
             {
@@ -114,12 +127,7 @@ class RolloutStack:
                     "port": 0,
                     "admin_token": CONTROL_TOKEN,
                     "capture": "token_in_token_out",
-                    "engine": {
-                        "kind": "vllm",
-                        "base_url": self.engine.url,
-                        "model": "scripted",
-                        "retry_backoff_s": 0.01,
-                    },
+                    "engine": engine,
                     "store": {"path": str(root / "records.db")},
                 },
                 **(node or {}),
@@ -158,4 +166,5 @@ class RolloutStack:
     def close(self) -> None:
         for thread in reversed(self._threads):
             thread.stop()
-        self.engine.stop()
+        if self.engine is not None:
+            self.engine.stop()

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from polar.cli import build, demo, engine, gateway, harness, model, records, rollout
+from polar.cli import (
+    build,
+    demo,
+    engine,
+    gateway,
+    harness,
+    model,
+    records,
+    rollout,
+    sft,
+    train,
+)
 
 app = typer.Typer(
     name="polar",
@@ -22,6 +33,9 @@ app.command("serve")(rollout.serve)
 app.command("node")(rollout.node)
 app.command("submit")(rollout.submit)
 app.command("status")(rollout.status)
+app.command("generate")(sft.generate)
+app.command("sft")(sft.sft)
+app.command("train")(train.train)
 app.add_typer(model.app, name="model")
 app.add_typer(engine.app, name="engine")
 app.add_typer(harness.app, name="harness")

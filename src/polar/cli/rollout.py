@@ -30,7 +30,7 @@ class ServeConfig(BaseModel):
     node: NodeConfig
 
 
-def _node_defaults(
+def node_defaults(
     node: dict[str, Any], token: str | None, engine_url: str | None, engine_kind: str | None
 ) -> None:
     gateway = node.setdefault("gateway", {})
@@ -81,18 +81,18 @@ def serve(
         server["control_token"] = token
     if node_port is not None:
         node.setdefault("gateway", {})["port"] = node_port
-    raw = _raw(config)
+    raw = read_config("serve", config)
     data = merge(raw, overrides)
     for section in ("server", "node"):
         if not isinstance(data.get(section), dict):
             fail("serve", f"{config}: {section} must be a mapping")
     merged_node, server_section = data["node"], data["server"]
-    _node_defaults(merged_node, token, engine_url, engine_kind)
+    node_defaults(merged_node, token, engine_url, engine_kind)
     merged_node.setdefault(
         "server_url",
         f"http://{server_section.get('host', '127.0.0.1')}:{server_section.get('port', 8200)}",
     )
-    settings = _validate("serve", ServeConfig, data)
+    settings = validate_config("serve", ServeConfig, data)
     if check:
         typer.echo(settings.model_dump_json(indent=2))
         return
@@ -122,7 +122,7 @@ def node(
     check: Annotated[bool, typer.Option("--check", help="Validate, print, exit.")] = False,
 ) -> None:
     """Run a gateway node that joins a rollout server."""
-    raw = _raw(config)
+    raw = read_config("node", config)
     for key, value in (
         ("server_url", server_url),
         ("node_id", node_id),
@@ -134,22 +134,22 @@ def node(
     raw.setdefault("gateway", {})
     if port is not None:
         raw["gateway"]["port"] = port
-    _node_defaults(raw, token, engine_url, engine_kind)
-    settings = _validate("node", NodeConfig, raw)
+    node_defaults(raw, token, engine_url, engine_kind)
+    settings = validate_config("node", NodeConfig, raw)
     if check:
         typer.echo(settings.model_dump_json(indent=2))
         return
     _run("node", None, settings, log_level)
 
 
-def _raw(path: Path | None) -> dict[str, Any]:
+def read_config(command: str, path: Path | None) -> dict[str, Any]:
     try:
         return read_yaml(path) if path is not None else {}
     except ConfigError as exc:
-        fail("config", str(exc))
+        fail(command, str(exc))
 
 
-def _validate(command: str, model: type[M], data: dict[str, Any]) -> M:
+def validate_config(command: str, model: type[M], data: dict[str, Any]) -> M:
     try:
         return load_config(model, None, data)
     except ConfigError as exc:
@@ -205,19 +205,9 @@ def submit(
 
     from polar.rollout.client import RolloutError
     from polar.rollout.protocol import HarnessSpec, TaskSubmission
-    from polar.tasks import load_tasks
-    from polar.tasks.errors import TaskError
 
-    try:
-        loaded = load_tasks(tasks)
-    except TaskError as exc:
-        fail("submit", str(exc))
-    if task_id:
-        unknown = sorted(set(task_id) - {t.id for t in loaded})
-        if unknown:
-            fail("submit", f"no task {unknown[0]} in {tasks}")
-        loaded = [t for t in loaded if t.id in set(task_id)]
-    options = dict(_option(o) for o in option or [])
+    loaded = load_selected("submit", tasks, task_id)
+    options = dict(parse_option("submit", o) for o in option or [])
     try:
         submissions = [
             TaskSubmission(
@@ -262,10 +252,28 @@ def submit(
         )
 
 
-def _option(text: str) -> tuple[str, Any]:
+def load_selected(command: str, source: str, only: list[str] | None) -> list[Any]:
+    """The tasks of ``source`` (only those named in ``only``, if given); one-line errors."""
+    from polar.tasks import load_tasks
+    from polar.tasks.errors import TaskError
+
+    try:
+        loaded = load_tasks(source)
+    except TaskError as exc:
+        fail(command, str(exc))
+    if only:
+        unknown = sorted(set(only) - {t.id for t in loaded})
+        if unknown:
+            fail(command, f"no task {unknown[0]} in {source}")
+        loaded = [t for t in loaded if t.id in set(only)]
+    return loaded
+
+
+def parse_option(command: str, text: str) -> tuple[str, Any]:
+    """A harness option ``KEY=VALUE`` (the value as JSON when it parses)."""
     key, sep, value = text.partition("=")
     if not sep or not key:
-        fail("submit", f"--option wants KEY=VALUE, not {text!r}")
+        fail(command, f"--option wants KEY=VALUE, not {text!r}")
     try:
         return key, json.loads(value)
     except json.JSONDecodeError:

@@ -150,6 +150,7 @@ def _status(gateway: Gateway) -> dict[str, Any]:
     return {
         "paused": gate.paused,
         "inflight": gate.inflight,
+        "waiting": gate.waiting,
         "policy_version": gate.policy_version,
         "engine": gateway.capture.engine_name,
         "model": gateway.capture.model,
@@ -161,9 +162,14 @@ def _status(gateway: Gateway) -> dict[str, Any]:
 async def pause(request: Request, gateway: Gateway) -> Response:
     spec = validate(Pause, await _body(request))
     timeout = spec.timeout_s or gateway.config.limits.drain_timeout_s
-    drained, waited = await gateway.gate.pause(timeout_s=timeout)
-    body = {**_status(gateway), "drained": drained, "waited_s": round(waited, 3)}
-    return JSONResponse(body, status_code=200 if drained else 504)
+    outcome = await gateway.gate.pause(timeout_s=timeout)
+    body = {
+        **_status(gateway),
+        "drained": outcome.drained,
+        "drained_calls": outcome.drained_calls,
+        "waited_s": round(outcome.waited_s, 3),
+    }
+    return JSONResponse(body, status_code=200 if outcome.drained else 504)
 
 
 async def resume(request: Request, gateway: Gateway) -> Response:

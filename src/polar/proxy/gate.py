@@ -24,12 +24,24 @@ class GateStatus:
     paused: bool
     inflight: int
     policy_version: int
+    waiting: int = 0
+    """Calls waiting at the closed gate."""
+
+
+@dataclass(frozen=True, slots=True)
+class PauseOutcome:
+    drained: bool
+    waited_s: float
+    drained_calls: int
+    """Calls that were in flight when the gate closed: they finish (or are still
+    finishing, if not ``drained``) under the old policy version."""
 
 
 class Gate:
     def __init__(self, *, policy_version: int = 0) -> None:
         self._policy_version = policy_version
         self._inflight = 0
+        self._waiting = 0
         self._open = asyncio.Event()
         self._open.set()
         self._idle = asyncio.Event()
@@ -40,18 +52,22 @@ class Gate:
             paused=not self._open.is_set(),
             inflight=self._inflight,
             policy_version=self._policy_version,
+            waiting=self._waiting,
         )
 
     @contextlib.asynccontextmanager
     async def admit(self, *, wait_s: float) -> AsyncIterator[int]:
         """Hold one in-flight slot; yields the policy version the call runs under."""
         if not self._open.is_set():
+            self._waiting += 1
             try:
                 await asyncio.wait_for(self._open.wait(), timeout=wait_s)
             except TimeoutError:
                 raise GatewayPaused(
                     f"the gateway is paused for a weight update and stayed paused for {wait_s:g}s"
                 ) from None
+            finally:
+                self._waiting -= 1
         self._inflight += 1
         self._idle.clear()
         try:
@@ -61,18 +77,19 @@ class Gate:
             if self._inflight == 0:
                 self._idle.set()
 
-    async def pause(self, *, timeout_s: float) -> tuple[bool, float]:
-        """Close the gate and wait for in-flight calls. Returns (drained, seconds waited).
+    async def pause(self, *, timeout_s: float) -> PauseOutcome:
+        """Close the gate and wait for in-flight calls to finish.
 
         On timeout the gate stays closed: the caller decides whether to resume.
         """
         self._open.clear()
+        inflight = self._inflight
         start = time.monotonic()
         try:
             await asyncio.wait_for(self._idle.wait(), timeout=timeout_s)
         except TimeoutError:
-            return False, time.monotonic() - start
-        return True, time.monotonic() - start
+            return PauseOutcome(False, time.monotonic() - start, inflight)
+        return PauseOutcome(True, time.monotonic() - start, inflight)
 
     def resume(self, *, policy_version: int | None = None) -> None:
         if policy_version is not None:

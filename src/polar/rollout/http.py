@@ -58,6 +58,14 @@ async def body_of(request: Request, model: type[M]) -> M:
         raise ApiError(422, describe_error(exc)) from None
 
 
+async def not_found(request: Request, exc: Exception) -> Response:
+    """The 404 handler: the shared error shape, naming the method and path."""
+    return JSONResponse(
+        {"error": {"type": "not_found", "message": f"{request.method} {request.url.path}"}},
+        status_code=404,
+    )
+
+
 def model_response(model: BaseModel, status: int = 200) -> Response:
     return Response(model.model_dump_json(), status_code=status, media_type="application/json")
 

@@ -37,6 +37,7 @@ from polar.proxy.gateway import Gateway
 from polar.reward.base import EvalContext, EvalResult
 from polar.reward.registry import evaluate
 from polar.rollout.agent import AgentRun, installed_executable, run_agent
+from polar.rollout.conversation import conversation_json
 from polar.rollout.protocol import NodeCapacity, SessionDispatch, SessionResult, SessionStatus
 from polar.runtime.base import GatewayAddress, Runtime, RuntimeSpec
 from polar.runtime.registry import create_runtime
@@ -82,6 +83,8 @@ class NodeSession:
     task: asyncio.Task[SessionResult] | None = None
     reported: bool = False
     records: int = 0
+    conversations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Trace id -> its conversation, when the dispatch asks for them."""
 
     @property
     def id(self) -> str:
@@ -272,9 +275,18 @@ class Pipeline:
             return None
         builder = resolve_builder(s.dispatch.builder)(self.settings.build)
         try:
-            return await asyncio.to_thread(builder.build, records, group_id=s.dispatch.group_id)
+            trajectory = await asyncio.to_thread(
+                builder.build, records, group_id=s.dispatch.group_id
+            )
         except Exception as exc:
             raise SessionFailed(f"building the trajectory failed: {exc}") from exc
+        if s.dispatch.conversations:
+            by_key = {r.key: r for r in records}
+            s.conversations = {
+                t.id: await asyncio.to_thread(conversation_json, t, by_key)
+                for t in trajectory.traces
+            }
+        return trajectory
 
     async def _evaluate(self, s: NodeSession) -> EvalResult:
         d = s.dispatch
@@ -321,9 +333,13 @@ class Pipeline:
     ) -> SessionResult:
         d = s.dispatch
         samples: list[dict[str, Any]] = []
+        conversations: list[dict[str, Any]] = []
         accounting: dict[str, Any] = {}
         if trajectory is not None:
-            samples = [row_of(x) for x in samples_of(trajectory)]
+            kept = samples_of(trajectory, include_untrainable=d.all_traces)
+            samples = [row_of(x) for x in kept]
+            if d.conversations:
+                conversations = [s.conversations[x.trace_id] for x in kept]
             a = trajectory.accounting
             accounting = {
                 "captured": a.captured,
@@ -351,5 +367,6 @@ class Pipeline:
             timings=dict(s.timings),
             accounting=accounting,
             samples=samples,
+            conversations=conversations,
             records=s.records,
         )

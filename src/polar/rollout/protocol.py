@@ -71,6 +71,10 @@ class HarnessSpec(_Model):
 class TaskSubmission(_Model):
     task: Task
     harness: HarnessSpec
+    task_id: str | None = Field(default=None, pattern=ID_PATTERN, max_length=120)
+    """The id the task gets (default: a fresh random one). An id the server
+    already holds is refused (409), so a client that lost track of a submission
+    looks it up instead of running it twice. Sessions are ``<task_id>-s<i>``."""
     num_samples: int = Field(default=1, ge=1, le=1024)
     builder: str = "prefix_merge"
     session_timeout_s: float = Field(default=1800.0, gt=0)
@@ -82,6 +86,12 @@ class TaskSubmission(_Model):
     callback_url: str | None = None
     group_id: str | None = Field(default=None, pattern=ID_PATTERN)
     policy_version: int | None = None
+    all_traces: bool = False
+    """Also return the traces whose chain class is not trained (side calls, by
+    default), marked ``trainable: false``; the default returns only trainable ones."""
+    conversations: bool = False
+    """Also return each sample's conversation as OpenAI chat messages (see
+    :mod:`polar.rollout.conversation`): what SFT exports need, not a trainer."""
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -109,6 +119,8 @@ class SessionDispatch(_Model):
     session_timeout_s: float = Field(gt=0)
     group_id: str
     policy_version: int | None = None
+    all_traces: bool = False
+    conversations: bool = False
     metadata: dict[str, Any] = Field(default_factory=dict)
     result_url: str | None = None
     """Where the node POSTs the :class:`SessionResult` (None: kept for polling)."""
@@ -133,7 +145,11 @@ class SessionResult(_Model):
     accounting: dict[str, Any] = Field(default_factory=dict)
     """Where the session's generated tokens went (delivered / quarantined and why)."""
     samples: list[dict[str, Any]] = Field(default_factory=list)
-    """Trainer samples, one per trainable trace (``polar.trajectory`` export rows)."""
+    """Trainer samples, one per trainable trace (``polar.trajectory`` export rows);
+    one per trace with ``all_traces``."""
+    conversations: list[dict[str, Any]] = Field(default_factory=list)
+    """With ``conversations``: one per sample, in the same order
+    (:func:`polar.rollout.conversation.conversation_json`)."""
     records: int = 0
     """Completion records the gateway kept for the session."""
 

@@ -37,7 +37,7 @@ from starlette.routing import Route
 
 from polar.rollout.config import ServerConfig
 from polar.rollout.events import EventHub
-from polar.rollout.http import ApiError, body_of, guarded, model_response
+from polar.rollout.http import ApiError, body_of, guarded, model_response, not_found
 from polar.rollout.protocol import (
     HeartbeatReply,
     NodeHeartbeat,
@@ -127,7 +127,9 @@ class RolloutServer:
     # ---------------------------------------------------------------- tasks
 
     def submit(self, submission: TaskSubmission) -> str:
-        task_id = f"t-{uuid.uuid4().hex[:16]}"
+        task_id = submission.task_id or f"t-{uuid.uuid4().hex[:16]}"
+        if self.store.task(task_id) is not None:
+            raise ApiError(409, f"task {task_id} already exists", "conflict")
         self.store.add_task(task_id, submission)
         self.events.publish(
             "task.submitted",
@@ -446,6 +448,8 @@ class RolloutServer:
             session_timeout_s=sub.session_timeout_s,
             group_id=sub.group_id or s.task_id,
             policy_version=sub.policy_version,
+            all_traces=sub.all_traces,
+            conversations=sub.conversations,
             metadata=sub.metadata,
             result_url=f"{self.public_url}/callbacks/sessions",
         )
@@ -590,12 +594,6 @@ def create_server_app(server: RolloutServer) -> Starlette:
     async def session_result(request: Request) -> Response:
         server.accept_result(await body_of(request, SessionResult))
         return JSONResponse({"status": "stored"})
-
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return JSONResponse(
-            {"error": {"type": "not_found", "message": f"{request.method} {request.url.path}"}},
-            status_code=404,
-        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -39,9 +39,7 @@ always have the same length.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -50,6 +48,7 @@ from typing import Any
 
 import orjson
 
+from polar.atomicfile import atomic_path
 from polar.ir import FinishReason
 from polar.trajectory.errors import ExportError
 from polar.trajectory.trace import BreakReason, ChainClass, Trajectory, TurnSpan
@@ -228,20 +227,15 @@ def write_samples(samples: Sequence[Sample], path: Path, fmt: SampleFormat | Non
         raise ExportError(f"{path}: directory {path.parent} does not exist")
     if path.is_dir():
         raise ExportError(f"{path}: is a directory")
-    temporary = path.parent / f".{path.name}.{os.getpid()}.tmp"
     try:
-        match fmt:
-            case SampleFormat.JSONL:
-                _write_jsonl(samples, temporary)
-            case SampleFormat.PARQUET:
-                _write_parquet(samples, temporary)
-        os.replace(temporary, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
-        if isinstance(exc, OSError):
-            raise ExportError(f"{path}: cannot write ({exc.strerror or exc})") from None
-        raise
+        with atomic_path(path) as temporary:
+            match fmt:
+                case SampleFormat.JSONL:
+                    _write_jsonl(samples, temporary)
+                case SampleFormat.PARQUET:
+                    _write_parquet(samples, temporary)
+    except OSError as exc:
+        raise ExportError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
 def _write_jsonl(samples: Iterable[Sample], path: Path) -> None:

@@ -96,7 +96,54 @@ def test_more_sessions_than_scripts_is_a_mismatch(make_stack: Any) -> None:
                 json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
             )
         assert reply.status_code == expected, reply.text
-    assert "only 1 session scripts" in stack.engine.failures[0]
+    assert "only 1 such session scripts" in stack.engine.failures[0]
+
+
+def test_a_session_takes_the_script_its_id_matches_and_the_rest_go_in_order(
+    make_stack: Any,
+) -> None:
+    """Patterned scripts make a session's model depend on who it is, not on when
+    it arrived: ``.a1-`` sessions always get "one", however many there are."""
+    stack = make_stack(
+        {
+            "sessions": [
+                {"turns": [{"text": "in order"}]},
+                {"session": r"\.a1-", "turns": [{"text": "one"}]},
+                {"session": r"\.a2-", "turns": [{"text": "two"}]},
+            ]
+        }
+    )
+
+    def ask(session_id: str) -> str:
+        with stack.admin() as admin:
+            created = admin.post("/admin/sessions", json={"session_id": session_id})
+        created.raise_for_status()
+        with stack.client(created.json()["api_key"]) as client:
+            reply = client.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+            )
+        assert reply.status_code == 200, reply.text
+        text: str = reply.json()["choices"][0]["message"]["content"]
+        return text.split("</think>")[-1].strip()
+
+    assert ask("job.a2-s0") == "two"
+    assert ask("job.a1-s0") == "one"
+    assert ask("again.a1-s0") == "one"
+    assert ask("other-s0") == "in order"
+    stack.engine.assert_clean()
+    assert stack.engine.assignments == {
+        "job.a2-s0": 2,
+        "job.a1-s0": 1,
+        "again.a1-s0": 1,
+        "other-s0": 0,
+    }
+
+
+def test_a_patterned_script_left_unused_counts_as_unused_turns(make_stack: Any) -> None:
+    stack = make_stack({"sessions": [{"session": "never", "turns": [{"text": "x"}]}]})
+    with pytest.raises(AssertionError, match="1 unused turns"):
+        stack.engine.assert_clean()
 
 
 @pytest.mark.parametrize(
@@ -105,6 +152,8 @@ def test_more_sessions_than_scripts_is_a_mismatch(make_stack: Any) -> None:
         ({"sessions": []}, "'sessions' is empty"),
         ({"sessions": [{"turns": "x"}]}, "sessions[0]"),
         ({"sessions": [], "cycle": True}, "unknown fields"),
+        ({"sessions": [{"session": "(", "turns": []}]}, "not a regular expression"),
+        ({"sessions": [{"session": 3, "turns": []}]}, "expected a regular expression"),
     ],
 )
 def test_bad_session_scripts_are_rejected(data: dict[str, Any], needle: str) -> None:

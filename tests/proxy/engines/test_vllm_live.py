@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from polar.serverthread import ServerThread
 from polar.tinymodel import build_tiny_model
 
 from support.stack import ADMIN_TOKEN, BASH_TOOL
+from support.training import greedy_next
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -62,7 +64,8 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmProcess]:
         model,
         served_name="tiny",
         log_path=root / "vllm.log",
-        base_env=dict(os.environ),
+        # the development endpoints weight sync uses (/pause, /collective_rpc, ...)
+        base_env=dict(os.environ) | {"VLLM_SERVER_DEV_MODE": "1"},
     )
     with process:
         yield process
@@ -272,3 +275,70 @@ def test_token_mode_records_the_same_prompts_on_vllm_and_the_embedded_engine(
             assert list(record.output_logprobs) == pytest.approx(ours, abs=2e-3)
     finally:
         runner.close()
+
+
+def test_a_weight_push_reaches_vllm_and_aborts_no_call(
+    gateway: Any, vllm: VllmProcess, tokenizer: Any, tmp_path: Path
+) -> None:
+    """Weight sync against the real vLLM (its reload-from-disk development API),
+    behind the gateway's pause/drain: a streaming call in flight finishes on the
+    old weights, later calls are stamped with the new policy version, and vLLM's
+    logprob for a fixed prompt equals the trainer's under the new weights.
+    Shares this module's vLLM (a second one would cost CI another minute or two);
+    runs last and puts the original weights back."""
+    import threading
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from polar.train.config import GatewayTarget
+    from polar.train.logprobs import sequence_logprobs
+    from polar.train.reload import VllmReload
+    from polar.train.weights import save_weights
+    from polar.train.weightsync import GatewayAdmin, WeightSync
+
+    server, db = gateway
+    fixed = list(tokenizer.encode("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"))
+    token_before, logprob_before = greedy_next(vllm.url, fixed)
+    original = save_weights(
+        AutoModelForCausalLM.from_pretrained(str(vllm.model_dir)), tmp_path / "weights", 0
+    )
+    trainer = AutoModelForCausalLM.from_pretrained(str(vllm.model_dir))
+    generator = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for parameter in trainer.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.02)
+    pushed = save_weights(trainer, tmp_path / "weights", 1)
+
+    sync = WeightSync(
+        [GatewayAdmin(GatewayTarget(url=server.url, admin_token=ADMIN_TOKEN))],
+        [VllmReload(vllm.url, api_key=None, timeout_s=300)],
+        drain_timeout_s=120,
+    )
+    key, sid = _session(server.url)
+    body = {"model": "m", "messages": HISTORY[:2], "max_tokens": 256, "stream": True}
+    replies: list[httpx.Response] = []
+    try:
+        assert sync.check() == [0]
+        thread = threading.Thread(target=lambda: replies.append(_call(server.url, key, body)))
+        thread.start()
+        deadline = time.monotonic() + 60
+        while sync.gateways[0].state().inflight == 0:
+            assert time.monotonic() < deadline, "the call never started"
+            time.sleep(0.01)
+        report = sync.push(pushed, 1)
+        thread.join(120)
+        after = _call(server.url, key, body | {"max_tokens": 4, "stream": False})
+        token_after, logprob_after = greedy_next(vllm.url, fixed)
+    finally:
+        sync.engines[0].load(original, 0)
+        sync.close()
+
+    assert report.drained_calls == 1
+    assert replies[0].status_code == 200 and after.status_code == 200
+    first, second = SqliteStore(db).records(sid)
+    assert first.status is RecordStatus.COMPLETED and len(first.output_ids) == 256
+    assert (first.policy_version, second.policy_version) == (0, 1)
+    assert (token_after, logprob_after) != (token_before, logprob_before)
+    (ours,) = sequence_logprobs(trainer, [*fixed, token_after], len(fixed))
+    assert logprob_after == pytest.approx(ours, abs=1e-4)

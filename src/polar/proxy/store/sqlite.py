@@ -283,12 +283,16 @@ class SqliteStore:
         await self._submit(SetMeta(_POLICY_VERSION, str(version)))
 
     def policy_version(self) -> int:
-        """The last policy version set (0 for a new store)."""
+        """The last persisted policy version; a store from before versions were
+        persisted: the newest one on a record; an empty store: 0."""
         with self._reader() as conn:
             row = conn.execute(
                 "SELECT value FROM meta WHERE key = ?", (_POLICY_VERSION,)
             ).fetchone()
-        return int(row[0]) if row is not None else 0
+            if row is not None:
+                return int(row[0])
+            newest = conn.execute("SELECT MAX(policy_version) FROM records").fetchone()
+        return int(newest[0]) if newest and newest[0] is not None else 0
 
     async def _submit(self, op: Op) -> None:
         writer = self._writer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,6 +241,8 @@ class Script:
     cycle: bool = False
     """Replay the turns forever (load tests) instead of failing when they run out."""
     side: tuple[SideReply, ...] = ()
+    session: re.Pattern[str] | None = None
+    """Per-session scripts: serve every session whose id this matches (``re.search``)."""
 
     def side_reply(self, seen: ObservedRequest) -> Turn | None:
         for rule in self.side:
@@ -251,9 +254,17 @@ class Script:
     def from_dict(cls, data: Any) -> Script:
         if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
             raise ScriptError("a script is a mapping with a 'turns' list")
-        unknown = set(data) - {"turns", "cycle", "side"}
+        unknown = set(data) - {"turns", "cycle", "side", "session"}
         if unknown:
             raise ScriptError(f"unknown fields {sorted(unknown)}")
+        session = None
+        if data.get("session") is not None:
+            if not isinstance(data["session"], str):
+                raise ScriptError("session: expected a regular expression")
+            try:
+                session = re.compile(data["session"])
+            except re.error as exc:
+                raise ScriptError(f"session: not a regular expression ({exc})") from None
         turns = tuple(_turn(raw, f"turns[{i}]") for i, raw in enumerate(data["turns"]))
         side = []
         for i, raw in enumerate(data.get("side") or ()):
@@ -265,7 +276,9 @@ class Script:
                     when=_expect(raw["when"], f"side[{i}].when"), turn=_turn(body, f"side[{i}]")
                 )
             )
-        return cls(turns=turns, cycle=bool(data.get("cycle", False)), side=tuple(side))
+        return cls(
+            turns=turns, cycle=bool(data.get("cycle", False)), side=tuple(side), session=session
+        )
 
     @classmethod
     def from_file(cls, path: Path) -> Script:
@@ -280,9 +293,11 @@ class SessionScripts:
     """One script per session, for engines serving several sessions at once.
 
     The first request of a session (named by the gateway's ``x-polar-session``
-    header) takes the next unused script, in order; that session's later
-    requests follow it. A request without the header, or of one session more
-    than there are scripts, is a mismatch.
+    header) takes the first script whose ``session`` pattern matches the
+    session's id (such a script serves any number of sessions, each from its
+    first turn), or else the next unused script without a pattern, in order;
+    that session's later requests follow it. A request without the header, or
+    of a session no script is left for, is a mismatch.
     """
 
     scripts: tuple[Script, ...]

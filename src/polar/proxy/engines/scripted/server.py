@@ -38,6 +38,12 @@ class _State:
     """Turns used, per session (``None``: the one script of a single-script engine)."""
     assigned: dict[str, int] = field(default_factory=dict)
     """Per-session scripts: session -> index of the script it follows."""
+    taken: int = 0
+    """Per-session scripts without a ``session`` pattern handed out so far."""
+    weight_version: str = "default"
+    model_path: str = ""
+    weight_updates: list[dict[str, Any]] = field(default_factory=list)
+    """Accepted ``/update_weights_from_disk`` bodies (SGLang wire)."""
 
 
 class ScriptMismatch(Exception):
@@ -83,19 +89,24 @@ class ScriptedEngine:
         self.model = model
         self.token_delay_s = token_delay_s
         self.max_model_len = max_model_len
-        self._state = _State()
+        self._state = _State(model_path=model)
         self._lock = threading.Lock()
         self._server: ServerThread | None = None
-        self.app = Starlette(
-            routes=[
-                Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                Route("/v1/completions", self._completions, methods=["POST"]),
-                Route("/generate", self._generate, methods=["POST"]),
-                Route("/tokenize", self._tokenize, methods=["POST"]),
-                Route("/v1/models", self._models, methods=["GET"]),
-                Route("/health", self._health, methods=["GET"]),
+        routes = [
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/generate", self._generate, methods=["POST"]),
+            Route("/tokenize", self._tokenize, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/health", self._health, methods=["GET"]),
+        ]
+        if wire == "sglang":
+            routes += [
+                Route("/update_weights_from_disk", self._update_weights, methods=["POST"]),
+                Route("/model_info", self._model_info, methods=["GET"]),
+                Route("/get_model_info", self._model_info, methods=["GET"]),
             ]
-        )
+        self.app = Starlette(routes=routes)
 
     # ---------------------------------------------------------------- control
 
@@ -132,6 +143,17 @@ class ScriptedEngine:
             return list(self._state.requests)
 
     @property
+    def weight_updates(self) -> list[dict[str, Any]]:
+        """Weight updates accepted (SGLang wire), in order."""
+        with self._lock:
+            return list(self._state.weight_updates)
+
+    @property
+    def weight_version(self) -> str:
+        with self._lock:
+            return self._state.weight_version
+
+    @property
     def assignments(self) -> dict[str, int]:
         """Per-session scripts: which script each session got (session -> index)."""
         with self._lock:
@@ -144,11 +166,12 @@ class ScriptedEngine:
             if isinstance(self.script, Script):
                 pairs = [(self.script, self._state.positions.get(None, 0))]
             else:
-                by_index = {i: s for s, i in self._state.assigned.items()}
-                pairs = [
-                    (script, self._state.positions.get(by_index[i], 0) if i in by_index else 0)
-                    for i, script in enumerate(self.script.scripts)
-                ]
+                pairs = []
+                for i, script in enumerate(self.script.scripts):
+                    sessions = [s for s, j in self._state.assigned.items() if j == i]
+                    pairs += [(script, self._state.positions.get(s, 0)) for s in sessions]
+                    if not sessions:
+                        pairs.append((script, 0))
             return sum(len(s.turns) - used for s, used in pairs if not s.cycle)
 
     def assert_clean(self, *, finished: bool = True) -> None:
@@ -169,12 +192,19 @@ class ScriptedEngine:
             raise ScriptMismatch(f"per-session scripts need the {SESSION_HEADER} header")
         index = self._state.assigned.get(session)
         if index is None:
-            index = len(self._state.assigned)
-            if index >= len(self.script.scripts):
-                raise ScriptMismatch(
-                    f"session {session} is session {index + 1}, "
-                    f"but there are only {len(self.script.scripts)} session scripts"
-                )
+            scripts = self.script.scripts
+            matching = [i for i, s in enumerate(scripts) if s.session and s.session.search(session)]
+            if matching:
+                index = matching[0]
+            else:
+                free = [i for i, s in enumerate(scripts) if s.session is None]
+                if self._state.taken >= len(free):
+                    raise ScriptMismatch(
+                        f"session {session} is session {self._state.taken + 1} without a "
+                        f"pattern of its own, but there are only {len(free)} such session scripts"
+                    )
+                index = free[self._state.taken]
+                self._state.taken += 1
             self._state.assigned[session] = index
         return self.script.scripts[index], session, f"session script {index}"
 
@@ -231,6 +261,23 @@ class ScriptedEngine:
                 ],
             }
         )
+
+    async def _update_weights(self, request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return _json({"detail": "There was an error parsing the body"}, 400)
+        with self._lock:
+            status, reply, version = sglang_wire.weights_update(body, self._state.weight_version)
+            if status == 200:
+                self._state.weight_version = version
+                self._state.model_path = str(body["model_path"])
+                self._state.weight_updates.append(dict(body))
+        return _json(reply, status)
+
+    async def _model_info(self, request: Request) -> Response:
+        with self._lock:
+            return _json(sglang_wire.model_info(self._state.model_path, self._state.weight_version))
 
     async def _tokenize(self, request: Request) -> Response:
         body = orjson.loads(await request.body())
@@ -294,7 +341,13 @@ class ScriptedEngine:
         if self.wire == "sglang":
             return _json(
                 sglang_wire.whole_response(
-                    self.tokenizer, body, prompt, gen, tools_offered=tools_offered, model=self.model
+                    self.tokenizer,
+                    body,
+                    prompt,
+                    gen,
+                    tools_offered=tools_offered,
+                    model=self.model,
+                    weight_version=self.weight_version,
                 )
             )
         if body.get("stream"):
@@ -447,7 +500,9 @@ class ScriptedEngine:
             return _json({"error": {"message": f"scripted engine: {exc}"}}, 400)
         rid = secrets.token_hex(16)
         if not body.get("stream"):
-            meta = sglang_wire.generate_meta(gen, prompt, len(gen.ids), rid, final=True)
+            meta = sglang_wire.generate_meta(
+                gen, prompt, len(gen.ids), rid, final=True, weight_version=self.weight_version
+            )
             return _json({"text": gen.text, "output_ids": gen.ids, "meta_info": meta})
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -460,7 +515,9 @@ class ScriptedEngine:
                 chunk = {
                     "text": "".join(gen.token_texts[: i + 1]),
                     "output_ids": gen.ids[: i + 1],
-                    "meta_info": sglang_wire.generate_meta(gen, prompt, i + 1, rid, final=final),
+                    "meta_info": sglang_wire.generate_meta(
+                        gen, prompt, i + 1, rid, final=final, weight_version=self.weight_version
+                    ),
                 }
                 yield b"data: " + orjson.dumps(chunk) + b"\n\n"
             yield b"data: [DONE]\n\n"

@@ -11,13 +11,25 @@ of the 0.5.13+ line) rather than a live capture:
   ``matched_stop`` holds the EOS id (null for tool calls and length);
 * those flags are refused on streaming requests with HTTP 400 and a flat
   ``{"object": "error", ...}`` body;
-* the id is a bare 32-hex uuid, tool call ids are ``call_`` + 24 hex.
+* the id is a bare 32-hex uuid, tool call ids are ``call_`` + 24 hex;
+* ``POST /update_weights_from_disk`` (``http_server.py``; fields of
+  ``UpdateWeightFromDiskReqInput`` in ``io_struct.py``: ``model_path``
+  required, ``load_format``, ``abort_all_requests``, ``weight_version``, ...)
+  answers ``{"success", "message", "num_paused_requests"}``, 200 when the
+  weights loaded ("Succeeded to update model weights.") and 400 when they did
+  not (the loader's "Failed to get weights iterator: ..." and the old weights
+  kept); a missing ``model_path`` is FastAPI's 422. A given ``weight_version``
+  becomes the server's, reported by ``GET /model_info`` (``/get_model_info``
+  on older servers) and in every reply's ``meta_info``. The scripted model has
+  no weights to swap: the fake checks the directory as SGLang's loader would
+  (safetensors files and a ``config.json``) and records the update.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 from polar.proxy.engines.scripted import vllm_wire
@@ -34,6 +46,44 @@ STREAM_FLAG_ERRORS = {
 
 def error_body(message: str, kind: str, status: int) -> dict[str, Any]:
     return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+
+
+def weights_update(body: Any, current: str) -> tuple[int, dict[str, Any], str]:
+    """(status, reply, weight version afterwards) for ``POST /update_weights_from_disk``."""
+    if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
+        detail = [{"type": "missing", "loc": ["body", "model_path"], "msg": "Field required"}]
+        return 422, {"detail": detail}, current
+    path = Path(body["model_path"])
+    weights = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    if not weights or not (path / "config.json").is_file():
+        message = (
+            "Failed to get weights iterator: "
+            f"Cannot find any model weights with `{body['model_path']}`."
+        )
+        return 400, {"success": False, "message": message, "num_paused_requests": 0}, current
+    version = body.get("weight_version")
+    after = str(version) if version is not None else current
+    reply = {
+        "success": True,
+        "message": "Succeeded to update model weights.",
+        "num_paused_requests": 0,
+    }
+    return 200, reply, after
+
+
+def model_info(model_path: str, weight_version: str) -> dict[str, Any]:
+    """``GET /model_info`` (the fields a client reads)."""
+    return {
+        "model_path": model_path,
+        "tokenizer_path": model_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": weight_version,
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+    }
 
 
 def stream_flag_error(body: dict[str, Any]) -> str | None:
@@ -66,6 +116,7 @@ def whole_response(
     *,
     tools_offered: bool,
     model: str,
+    weight_version: str = "default",
 ) -> dict[str, Any]:
     parsed = vllm_wire.parse_whole(gen, tools_offered=tools_offered)
     rid = secrets.token_hex(16)
@@ -90,7 +141,7 @@ def whole_response(
         "id": rid,
         "finish_reason": finish,
         "prompt_tokens": len(prompt),
-        "weight_version": "default",
+        "weight_version": weight_version,
         "num_retractions": 0,
     }
     if body.get("logprobs"):
@@ -147,12 +198,18 @@ def whole_response(
             "prompt_tokens_details": None,
             "reasoning_tokens": parsed.reasoning_tokens,
         },
-        "metadata": {"weight_version": "default"},
+        "metadata": {"weight_version": weight_version},
     }
 
 
 def generate_meta(
-    gen: vllm_wire.Generation, prompt: list[int], upto: int, rid: str, *, final: bool
+    gen: vllm_wire.Generation,
+    prompt: list[int],
+    upto: int,
+    rid: str,
+    *,
+    final: bool,
+    weight_version: str = "default",
 ) -> dict[str, Any]:
     """``meta_info`` of SGLang's ``/generate`` after ``upto`` tokens (cumulative)."""
     if not final:
@@ -165,7 +222,7 @@ def generate_meta(
         "id": rid,
         "finish_reason": finish,
         "prompt_tokens": len(prompt),
-        "weight_version": "default",
+        "weight_version": weight_version,
         "num_retractions": 0,
         "input_token_logprobs": [[None, prompt[-1], None]],
         "output_token_logprobs": [

@@ -1,0 +1,225 @@
+"""NeMo Gym / NeMo RL: Polar as a NeMo Gym agent server (``POST /run``).
+
+Follows NeMo Gym 0.5.1 (NVIDIA-NeMo/Gym at 07d6b0d): the agent-server
+contract of ``nemo_gym/base_responses_api_agent.py`` and
+``nemo_gym/base_resources_server.py`` (a ``BaseRunRequest`` carrying
+``responses_create_params`` in, a ``BaseVerifyResponse`` — the request, a
+Responses-API ``response`` and a ``reward`` — out) and the training output
+items of ``nemo_gym/openai_utils.py`` (``TokenIDLogProbMixin``:
+``prompt_token_ids``, ``generation_token_ids``, ``generation_log_probs``).
+
+One ``/run`` is one rollout: the task is the row's ``polar_task`` (a task id)
+or, failing that, what ``responses_create_params.input`` names (a task id or
+its instruction, as a string or as messages whose last user message is it);
+Polar runs it as one session (a group of one: NeMo RL repeats rows itself)
+and answers with one ``message`` output item per model call of the session's
+trace, in order. Each item carries the call's full prompt ids, its sampled
+ids and their logprobs, so consecutive items chain the way NeMo Gym's own
+``prefix_merging`` rebuilds a rollout (``nemo_gym/token_id_capture/builder.py``:
+the tokens a prompt adds after the previous prompt and generation are
+environment tokens, mask 0). The item's ``content`` text is empty: Polar
+hands over token ids, not text. The ``reward`` is Polar's score (0.0 for a
+session that could not be scored, with ``polar_usable`` false); the row's
+other fields are echoed, as NeMo Gym's agents do.
+
+NeMo Gym needs Python >= 3.12 and Polar 3.11, so this server runs in Polar's
+environment (``python -m polar.bridges.nemo_gym polar-bridge.yaml``) and a
+NeMo Gym config names it (``examples/nemo_gym/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from polar.bridges.config import BridgeConfig, read_config
+from polar.bridges.rollouts import (
+    BridgeError,
+    GroupRequest,
+    PolarRollouts,
+    SessionSample,
+    group_sessions,
+)
+from polar.proxy.config import ConfigError, describe_error
+from polar.rollout.http import ApiError, body_of, error_response, not_found
+from polar.trajectory import Sample
+
+
+class NemoGymBridgeConfig(BridgeConfig):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8300, ge=0, le=65535)
+    max_concurrent_runs: int = Field(default=64, ge=1)
+    """Rollouts run at once; further ``/run`` calls wait their turn."""
+
+
+class ResponsesCreateParams(BaseModel):
+    """The part of ``responses_create_params`` Polar reads (the rest is echoed)."""
+
+    model_config = ConfigDict(extra="allow")
+    input: str | list[dict[str, Any]] = Field(min_length=1)
+
+
+class RunRequest(BaseModel):
+    """NeMo Gym's ``BaseRunRequest``, plus an optional ``polar_task`` id."""
+
+    model_config = ConfigDict(extra="allow")
+    responses_create_params: ResponsesCreateParams
+    polar_task: str | None = Field(default=None, min_length=1)
+
+
+def input_prompt(params: ResponsesCreateParams) -> Any:
+    """Responses-API ``input`` as what :func:`~polar.bridges.rollouts.prompt_text` reads."""
+    if isinstance(params.input, str):
+        return params.input
+    messages = []
+    for item in params.input:
+        content = item.get("content")
+        if isinstance(content, list):  # input_text parts
+            content = [{"text": p.get("text")} for p in content if isinstance(p, dict)]
+        messages.append({"role": item.get("role"), "content": content})
+    return messages
+
+
+def output_items(trace: Sample, item_prefix: str) -> list[dict[str, Any]]:
+    """One training ``message`` item per model call of the trace."""
+    items = []
+    for k, turn in enumerate(trace.turn_offsets):
+        sampled = range(turn.sampled_start, turn.end)
+        items.append(
+            {
+                "id": f"{item_prefix}_{k}",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "", "annotations": []}],
+                "prompt_token_ids": [*trace.prompt_ids, *trace.response_ids[: turn.sampled_start]],
+                "generation_token_ids": [trace.response_ids[i] for i in sampled],
+                "generation_log_probs": [
+                    trace.rollout_logprobs[i] if trace.logprob_mask[i] else 0.0 for i in sampled
+                ],
+            }
+        )
+    return items
+
+
+def verify_response(request: dict[str, Any], session: SessionSample, model: str) -> dict[str, Any]:
+    """NeMo Gym's ``BaseVerifyResponse`` for one session."""
+    trace = session.trace
+    s = session.session
+    items = output_items(trace, f"msg_{s.session_id}") if trace is not None else []
+    generated = sum(len(i["generation_token_ids"]) for i in items)
+    prompt = len(items[-1]["prompt_token_ids"]) if items else 0
+    usable = session.usable and session.reward is not None
+    response = {
+        "id": f"resp_{s.session_id}",
+        "object": "response",
+        "created_at": time.time(),
+        "model": model,
+        "status": "completed" if usable else "incomplete",
+        "output": items,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": generated,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + generated,
+        },
+        "metadata": {
+            "polar_session": s.session_id,
+            "polar_task": s.task_id,
+            "polar_group": session.group_id,
+            "polar_status": s.status.value,
+        },
+    }
+    if not usable:
+        response["incomplete_details"] = {"reason": s.error or s.status.value}
+    return {
+        **request,
+        "response": response,
+        "reward": session.reward if usable else 0.0,
+        "polar_usable": usable,
+        "polar_traces": session.traces,
+        "polar_undelivered_tokens": session.undelivered_tokens,
+    }
+
+
+def create_app(config: NemoGymBridgeConfig, *, rollouts: PolarRollouts | None = None) -> Starlette:
+    bridge = rollouts or PolarRollouts(config)
+    slots = asyncio.Semaphore(config.max_concurrent_runs)
+
+    async def run(request: Request) -> Response:
+        try:
+            body = await body_of(request, RunRequest)
+            raw = body.model_dump(mode="json", exclude_none=True)
+            try:
+                task = bridge.task_for(
+                    body.polar_task or input_prompt(body.responses_create_params)
+                )
+            except BridgeError as exc:
+                raise ApiError(422, str(exc)) from None
+            group = GroupRequest(task=task, num_samples=1, metadata={"trainer": "nemo_gym"})
+            async with slots:
+                try:
+                    (result,) = await asyncio.to_thread(bridge.run, [group])
+                except BridgeError as exc:
+                    raise ApiError(502, str(exc), "rollout_failed") from None
+            (session,) = group_sessions(result, config.trace)
+            model = str(raw["responses_create_params"].get("model") or "polar")
+            return JSONResponse(verify_response(raw, session, model))
+        except ApiError as exc:
+            return error_response(exc)
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            bridge.close()
+
+    return Starlette(
+        routes=[Route("/run", run, methods=["POST"]), Route("/health", health, methods=["GET"])],
+        exception_handlers={404: not_found},
+        lifespan=lifespan,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m polar.bridges.nemo_gym CONFIG [--host H] [--port P]``."""
+    parser = argparse.ArgumentParser(prog="python -m polar.bridges.nemo_gym")
+    parser.add_argument("config", help="the bridge config (YAML)")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    args = parser.parse_args(argv)
+    try:
+        config = read_config(NemoGymBridgeConfig, args.config)
+        overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+        if overrides:
+            config = NemoGymBridgeConfig.model_validate({**config.model_dump(), **overrides})
+    except ConfigError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    except ValidationError as exc:
+        parser.exit(2, f"error: {describe_error(exc)}\n")
+    import uvicorn
+
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,281 @@
+"""What every bridge does with Polar's rollout service: find the task a prompt
+names, submit groups, wait for them, and hand each session's trainer samples
+over exactly as the node exported them.
+
+A trainer prompt names a task (:class:`TaskIndex`): by the task's id or by its
+exact instruction, as a string or as chat messages whose last user message is
+that string. One :class:`GroupRequest` is one submitted task, i.e. one GRPO
+group of ``num_samples`` sessions. :meth:`PolarRollouts.run` submits every
+group first (they run side by side on the nodes), then waits for each; if a
+submission is refused or a group does not finish within ``wait_timeout_s``,
+the groups already submitted are cancelled and :class:`BridgeError` says why.
+
+A session's samples are the rows of :mod:`polar.trajectory.export`, one per
+trainable trace, parsed back with their checks (columns of equal length).
+Trainers that take several sequences per rollout (slime) get all of them
+(:func:`traces_of`); the others get one (:func:`session_sample`, by
+:class:`~polar.bridges.config.TraceChoice`) and the tokens left out are
+counted, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from polar.bridges.config import BridgeConfig, TraceChoice
+from polar.proxy.config import ConfigError
+from polar.rollout.client import RolloutClient, RolloutError
+from polar.rollout.protocol import SessionResult, SessionStatus, TaskResult, TaskSubmission
+from polar.tasks import Task, TaskLoadError, load_tasks
+from polar.trajectory import ChainClass, ExportError, Sample, sample_from_row
+
+
+class BridgeError(Exception):
+    """A bridge could not give the trainer what it asked for; one line, in the trainer's terms."""
+
+
+# ---------------------------------------------------------------- tasks
+
+
+def prompt_text(prompt: Any) -> str:
+    """The text a trainer prompt carries: a string, or the last user message of chat messages."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Sequence) and prompt and all(isinstance(m, Mapping) for m in prompt):
+        for message in reversed(prompt):
+            if message.get("role") == "user":
+                content = message.get("content")
+                if isinstance(content, str):
+                    return content
+                if isinstance(content, Sequence):
+                    texts = [
+                        part["text"]
+                        for part in content
+                        if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+                    ]
+                    if texts:
+                        return "".join(texts)
+                break
+    raise BridgeError(
+        f"a prompt must be a task id or instruction, as a string or chat messages "
+        f"ending in a user message; got {_preview(prompt)}"
+    )
+
+
+class TaskIndex:
+    """The tasks of a task source, found by id or by exact instruction."""
+
+    def __init__(self, tasks: Sequence[Task]) -> None:
+        self._by_id = {t.id: t for t in tasks}
+        self._by_instruction: dict[str, Task | None] = {}
+        for t in tasks:
+            key = t.instruction.strip()
+            # Two tasks with the same instruction cannot be told apart by it.
+            self._by_instruction[key] = None if key in self._by_instruction else t
+
+    @classmethod
+    def load(cls, source: str) -> TaskIndex:
+        try:
+            return cls(load_tasks(source))
+        except TaskLoadError as exc:
+            raise ConfigError(f"tasks: {exc}") from None
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def find(self, prompt: Any) -> Task:
+        text = prompt_text(prompt)
+        task = self._by_id.get(text.strip())
+        if task is not None:
+            return task
+        key = text.strip()
+        if key in self._by_instruction:
+            found = self._by_instruction[key]
+            if found is None:
+                raise BridgeError(f"several tasks have the instruction {_preview(text)}; use an id")
+            return found
+        raise BridgeError(f"no task has the id or instruction {_preview(text)}")
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# ---------------------------------------------------------------- groups
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRequest:
+    """One group to run: ``num_samples`` sessions of ``task``."""
+
+    task: Task
+    num_samples: int
+    group_id: str | None = None
+    policy_version: int | None = None
+    metadata: Mapping[str, Any] | None = None
+
+
+class PolarRollouts:
+    """Submits groups to the rollout server and waits for their results."""
+
+    def __init__(self, config: BridgeConfig, *, client: RolloutClient | None = None) -> None:
+        self.config = config
+        self._client = client or RolloutClient(
+            config.rollout_url, token=config.token(), timeout_s=config.request_timeout_s
+        )
+        self._tasks: TaskIndex | None = None
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> PolarRollouts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def tasks(self) -> TaskIndex:
+        """The configured task source, loaded on first use."""
+        if self._tasks is None:
+            self._tasks = TaskIndex.load(self.config.tasks)
+        return self._tasks
+
+    def task_for(self, prompt: Any) -> Task:
+        return self.tasks.find(prompt)
+
+    def submission(self, group: GroupRequest) -> TaskSubmission:
+        c = self.config
+        return TaskSubmission(
+            task=group.task,
+            harness=c.harness,
+            num_samples=group.num_samples,
+            builder=c.builder,
+            session_timeout_s=c.session_timeout_s,
+            max_resamples=c.max_resamples,
+            group_id=group.group_id,
+            policy_version=group.policy_version,
+            metadata={**c.metadata, **(group.metadata or {})},
+        )
+
+    def run(self, groups: Sequence[GroupRequest]) -> list[TaskResult]:
+        """Every group's result, in order; all or nothing (see the module docstring)."""
+        task_ids: list[str] = []
+        try:
+            for group in groups:
+                task_ids.append(self._client.submit(self.submission(group)).task_id)
+            deadline = time.monotonic() + self.config.wait_timeout_s
+            results = []
+            for task_id in task_ids:
+                left = max(0.0, deadline - time.monotonic())
+                results.append(self._client.wait(task_id, timeout_s=left))
+        except RolloutError as exc:
+            self._cancel(task_ids)
+            raise BridgeError(f"rollout server {self.config.rollout_url}: {exc}") from None
+        except TimeoutError:
+            self._cancel(task_ids)
+            raise BridgeError(
+                f"{len(task_ids)} group(s) did not finish within wait_timeout_s "
+                f"({self.config.wait_timeout_s:g} s); cancelled"
+            ) from None
+        except BaseException:
+            self._cancel(task_ids)
+            raise
+        for group, result in zip(groups, results, strict=True):
+            found = len(current_sessions(result))
+            if found != group.num_samples:
+                raise BridgeError(
+                    f"task {result.task_id} ({result.status.value}) has {found} sessions, "
+                    f"{group.num_samples} were asked for"
+                )
+        return results
+
+    def _cancel(self, task_ids: Sequence[str]) -> None:
+        for task_id in task_ids:
+            with contextlib.suppress(RolloutError):
+                self._client.cancel(task_id)
+
+
+def current_sessions(result: TaskResult) -> list[SessionResult]:
+    """The group's sessions by sample index, without those replaced by a resample."""
+    replaced = set(result.replaced)
+    return sorted(
+        (r for r in result.results if r.session_id not in replaced), key=lambda r: r.sample_index
+    )
+
+
+# ---------------------------------------------------------------- samples
+
+
+def traces_of(result: SessionResult) -> list[Sample]:
+    """A session's trainer samples (one per trainable trace), checked, in chain order."""
+    samples = []
+    for i, row in enumerate(result.samples):
+        try:
+            samples.append(sample_from_row(row, f"session {result.session_id} sample {i}"))
+        except ExportError as exc:
+            raise BridgeError(str(exc)) from None
+    return sorted(samples, key=lambda s: (s.chain, s.segment))
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSample:
+    """What a one-sequence-per-rollout trainer receives for one session."""
+
+    session: SessionResult
+    group_id: str
+    trace: Sample | None
+    """None: the session left no trainable trace (it failed early, or never called the model)."""
+    traces: int
+    """Trainable traces the session produced."""
+    undelivered_tokens: int
+    """Sampled tokens (loss mask 1) in the traces that were not delivered."""
+
+    @property
+    def reward(self) -> float | None:
+        """The delivered trace's reward (outcome x class scale), else the session's."""
+        return self.trace.reward if self.trace is not None else self.session.reward
+
+    @property
+    def usable(self) -> bool:
+        """Scored, with tokens to train on."""
+        return self.session.usable and self.trace is not None
+
+    @property
+    def truncated(self) -> bool:
+        return self.session.status is SessionStatus.TIMEOUT or (
+            self.trace is not None and self.trace.truncated_turns > 0
+        )
+
+
+def trained_tokens(sample: Sample) -> int:
+    return sum(sample.loss_mask)
+
+
+def session_sample(result: SessionResult, group_id: str, choice: TraceChoice) -> SessionSample:
+    traces = traces_of(result)
+    if not traces:
+        return SessionSample(result, group_id, None, 0, 0)
+    match choice:
+        case TraceChoice.STRICT:
+            if len(traces) > 1:
+                raise BridgeError(
+                    f"session {result.session_id} has {len(traces)} trainable traces "
+                    f"({', '.join(t.trace_id for t in traces)}) and trace is 'strict'"
+                )
+            chosen = traces[0]
+        case TraceChoice.MAIN:
+            chosen = max(
+                traces, key=lambda t: (t.chain_class is ChainClass.MAIN, trained_tokens(t))
+            )
+    left_out = sum(trained_tokens(t) for t in traces if t is not chosen)
+    return SessionSample(result, group_id, chosen, len(traces), left_out)
+
+
+def group_sessions(result: TaskResult, choice: TraceChoice) -> list[SessionSample]:
+    return [session_sample(r, result.group_id, choice) for r in current_sessions(result)]

@@ -1,0 +1,280 @@
+"""From finished groups to what a training step consumes: groups of scored
+sessions, one row per trace with its advantage and loss weight, and
+microbatches of tensors.
+
+Nothing is re-tokenised: a row is a sample's ``prompt_ids + response_ids``,
+exactly the tokens the engine saw and sampled (the rollout's samples, built by
+``prefix_merge`` or ``per_request`` on the node). Only the loss-masked
+response tokens are trained, each with the logprob the engine recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from polar.rollout.protocol import TaskResult
+from polar.train.grpo import (
+    Aggregation,
+    Baseline,
+    MissingLogprob,
+    TraceShape,
+    group_advantages,
+    trace_weights,
+)
+from polar.trajectory.errors import ExportError
+from polar.trajectory.export import Sample, sample_from_row
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredSession:
+    session_id: str
+    reward: float
+    samples: tuple[Sample, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One task's usable sessions (completed with a reward), with their samples."""
+
+    task_id: str
+    task: str
+    group_id: str
+    sessions: tuple[ScoredSession, ...]
+    unusable: int
+    """Sessions that errored, timed out or were cancelled (not in ``sessions``)."""
+    invalid_samples: int = 0
+    """Sessions dropped because a sample row did not parse (a bug upstream)."""
+    submitted_version: int | None = None
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.sessions]
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest policy version that sampled any of its tokens (None: no samples)."""
+        versions = [x.policy_version for s in self.sessions for x in s.samples]
+        return min(versions) if versions else None
+
+    def staleness(self, current_version: int) -> int:
+        """How many versions behind ``current_version`` its oldest token is."""
+        oldest = self.oldest_version
+        if oldest is None:
+            oldest = self.submitted_version if self.submitted_version is not None else 0
+        return max(0, current_version - oldest)
+
+
+def group_from_result(result: TaskResult) -> Group:
+    """The group of a task result: usable sessions only, samples parsed and checked."""
+    sessions = []
+    invalid = 0
+    for r in result.results:
+        if not r.usable or r.reward is None:
+            continue
+        try:
+            samples = tuple(
+                sample_from_row(row, f"{r.session_id} sample {i}")
+                for i, row in enumerate(r.samples)
+            )
+        except ExportError:
+            invalid += 1
+            continue
+        sessions.append(ScoredSession(r.session_id, r.reward, samples))
+    unusable = sum(1 for r in result.results if not r.usable)
+    return Group(
+        task_id=result.task_id,
+        task=result.task,
+        group_id=result.group_id,
+        sessions=tuple(sessions),
+        unusable=unusable,
+        invalid_samples=invalid,
+        submitted_version=result.policy_version,
+    )
+
+
+# ---------------------------------------------------------------- rows
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One trace as the loss sees it."""
+
+    session: str
+    ids: tuple[int, ...]
+    """``prompt_ids + response_ids``."""
+    start: int
+    """Where the response begins in ``ids``."""
+    loss_mask: tuple[int, ...]
+    """Over the response: 1 where the token is trained (after ``MissingLogprob``)."""
+    rollout_logprobs: tuple[float, ...]
+    logprob_mask: tuple[int, ...]
+    advantage: float
+    weight: float
+    """Factor on the sum of this row's token losses (the aggregation's normalisation)."""
+    policy_version: int
+
+    @property
+    def loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass(frozen=True, slots=True)
+class Advantages:
+    """Per session advantage, and what the step logs about the groups."""
+
+    by_session: dict[str, float]
+    zero_advantage_groups: int
+    groups: int
+
+
+def advantages_of(groups: Sequence[Group], *, baseline: Baseline, scale_by_std: bool) -> Advantages:
+    by_session: dict[str, float] = {}
+    zero = 0
+    for group in groups:
+        values = group_advantages(group.rewards, baseline=baseline, scale_by_std=scale_by_std)
+        if all(v == 0 for v in values):
+            zero += 1
+        for session, value in zip(group.sessions, values, strict=True):
+            by_session[session.session_id] = value
+    return Advantages(by_session, zero, len(groups))
+
+
+def rows_of(
+    groups: Sequence[Group],
+    advantages: Advantages,
+    *,
+    aggregation: Aggregation,
+    missing_logprob: MissingLogprob,
+) -> list[Row]:
+    """Every trace of every session as a row; each trace's advantage is its
+    session's times the trace's class ``reward_scale``; weights normalise over
+    all the rows given (one optimizer step's worth)."""
+    pending: list[tuple[str, Sample, float, tuple[int, ...]]] = []
+    for group in groups:
+        for session in group.sessions:
+            advantage = advantages.by_session[session.session_id]
+            for sample in session.samples:
+                mask = sample.loss_mask
+                if missing_logprob is MissingLogprob.DROP:
+                    mask = tuple(m & p for m, p in zip(mask, sample.logprob_mask, strict=True))
+                pending.append((session.session_id, sample, advantage * sample.reward_scale, mask))
+    return _weighted(pending, aggregation)
+
+
+def reweighted(rows: Sequence[Row], aggregation: Aggregation) -> list[Row]:
+    """The same rows normalised among themselves (a minibatch of a step)."""
+    shapes = [TraceShape(r.session, r.loss_tokens) for r in rows]
+    weights = trace_weights(shapes, aggregation)
+    return [replace(r, weight=w) for r, w in zip(rows, weights, strict=True)]
+
+
+def _weighted(
+    pending: list[tuple[str, Sample, float, tuple[int, ...]]], aggregation: Aggregation
+) -> list[Row]:
+    shapes = [TraceShape(session, sum(mask)) for session, _, _, mask in pending]
+    weights = trace_weights(shapes, aggregation)
+    return [
+        Row(
+            session=session,
+            ids=sample.prompt_ids + sample.response_ids,
+            start=len(sample.prompt_ids),
+            loss_mask=mask,
+            rollout_logprobs=sample.rollout_logprobs,
+            logprob_mask=sample.logprob_mask,
+            advantage=advantage,
+            weight=weight,
+            policy_version=sample.policy_version,
+        )
+        for (session, sample, advantage, mask), weight in zip(pending, weights, strict=True)
+        if sum(mask) > 0
+    ]
+
+
+def split_by_session(rows: Sequence[Row], parts: int) -> list[list[Row]]:
+    """``parts`` minibatches, a session's rows kept together, sessions dealt in turn."""
+    order: dict[str, int] = {}
+    for row in rows:
+        order.setdefault(row.session, len(order))
+    out: list[list[Row]] = [[] for _ in range(min(parts, max(1, len(order))))]
+    for row in rows:
+        out[order[row.session] % len(out)].append(row)
+    return [part for part in out if part]
+
+
+# ---------------------------------------------------------------- tensors
+
+
+@dataclass(frozen=True, slots=True)
+class MicroBatch:
+    """Rows right-padded into one forward pass; loss tokens flattened.
+
+    ``input_ids``/``attention_mask``: [B, T]. Every other tensor is [N] over the
+    loss tokens: ``rows``/``cols`` index the logits that predict each one
+    (position ``t - 1`` for token ``t``), ``targets`` the token ids.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+    targets: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    rollout_mask: torch.Tensor
+    advantages: torch.Tensor
+    weights: torch.Tensor
+    versions: torch.Tensor
+    tokens: int
+    """Real (unpadded) tokens in the forward pass."""
+
+
+def microbatches(rows: Sequence[Row], *, max_tokens: int, pad_id: int) -> list[MicroBatch]:
+    """Pack rows, longest first, so that ``rows x longest <= max_tokens`` per
+    microbatch (a row longer than that gets one to itself)."""
+    ordered = sorted(rows, key=lambda r: len(r.ids), reverse=True)
+    packs: list[list[Row]] = []
+    for row in ordered:
+        if packs and (len(packs[-1]) + 1) * len(packs[-1][0].ids) <= max_tokens:
+            packs[-1].append(row)
+        else:
+            packs.append([row])
+    return [_collate(pack, pad_id) for pack in packs]
+
+
+def _collate(pack: list[Row], pad_id: int) -> MicroBatch:
+    width = max(len(r.ids) for r in pack)
+    ids = torch.full((len(pack), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(pack), width), dtype=torch.long)
+    rows, cols, targets, rollout, rmask, adv, weight, version = [], [], [], [], [], [], [], []
+    for b, row in enumerate(pack):
+        ids[b, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
+        attention[b, : len(row.ids)] = 1
+        for j, keep in enumerate(row.loss_mask):
+            if not keep:
+                continue
+            position = row.start + j
+            if position == 0:
+                raise ValueError("a trained token at position 0 has no context to predict it from")
+            rows.append(b)
+            cols.append(position - 1)
+            targets.append(row.ids[position])
+            rollout.append(row.rollout_logprobs[j])
+            rmask.append(row.logprob_mask[j])
+            adv.append(row.advantage)
+            weight.append(row.weight)
+            version.append(row.policy_version)
+    return MicroBatch(
+        input_ids=ids,
+        attention_mask=attention,
+        rows=torch.tensor(rows, dtype=torch.long),
+        cols=torch.tensor(cols, dtype=torch.long),
+        targets=torch.tensor(targets, dtype=torch.long),
+        rollout_logprobs=torch.tensor(rollout, dtype=torch.float64),
+        rollout_mask=torch.tensor(rmask, dtype=torch.bool),
+        advantages=torch.tensor(adv, dtype=torch.float32),
+        weights=torch.tensor(weight, dtype=torch.float64),
+        versions=torch.tensor(version, dtype=torch.long),
+        tokens=sum(len(r.ids) for r in pack),
+    )

@@ -1,0 +1,121 @@
+"""Checkpoints: everything a run needs to continue where it stopped.
+
+``<output_dir>/checkpoints/step-000010/``: ``model/`` (a Hugging Face model
+directory, tokenizer files included, usable on its own), ``optimizer.pt``
+(optimizer and scheduler state), ``state.json`` (step, policy version, task
+cursor, counters, the torch RNG state). A checkpoint is written under a
+temporary name and renamed into place, so one that exists is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_NAME = re.compile(r"^step-(\d{6,})$")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+@dataclass(slots=True)
+class TrainState:
+    step: int = 0
+    policy_version: int = 0
+    cursor: int = 0
+    """Groups submitted so far (the task order's position)."""
+    counters: dict[str, float] = field(default_factory=dict)
+    """Running totals (stale groups dropped, groups consumed, ...)."""
+
+
+class CheckpointError(Exception):
+    pass
+
+
+def checkpoint_dir(output_dir: Path) -> Path:
+    return output_dir / "checkpoints"
+
+
+def save_checkpoint(
+    output_dir: Path,
+    state: TrainState,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    *,
+    tokenizer_dir: Path,
+    keep: int,
+) -> Path:
+    root = checkpoint_dir(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / f"step-{state.step:06d}"
+    tmp = root / f".step-{state.step:06d}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        model.save_pretrained(str(tmp / "model"))
+        for name in TOKENIZER_FILES:
+            if (tokenizer_dir / name).is_file():
+                shutil.copyfile(tokenizer_dir / name, tmp / "model" / name)
+        torch.save(
+            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
+            tmp / "optimizer.pt",
+        )
+        info = asdict(state) | {"rng": torch.get_rng_state().tolist()}
+        (tmp / "state.json").write_text(json.dumps(info) + "\n")
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in list_checkpoints(output_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    root = checkpoint_dir(output_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def read_state(path: Path) -> TrainState:
+    """A checkpoint's state (``CheckpointError`` naming what is wrong)."""
+    try:
+        data = json.loads((path / "state.json").read_text())
+        return TrainState(
+            step=int(data["step"]),
+            policy_version=int(data["policy_version"]),
+            cursor=int(data["cursor"]),
+            counters={str(k): float(v) for k, v in data["counters"].items()},
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{path}: not a readable checkpoint ({exc})") from None
+
+
+def restore(path: Path, optimizer: torch.optim.Optimizer, scheduler: Any) -> TrainState:
+    """Load optimizer, scheduler and RNG state from ``path`` (the model is loaded
+    from ``path / "model"`` by the caller); returns the run's state."""
+    state = read_state(path)
+    try:
+        saved = torch.load(path / "optimizer.pt", weights_only=True)
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        rng = json.loads((path / "state.json").read_text())["rng"]
+    except (OSError, RuntimeError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"{path}: cannot restore the optimizer ({exc})") from None
+    torch.set_rng_state(torch.tensor(rng, dtype=torch.uint8))
+    return state

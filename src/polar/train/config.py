@@ -1,0 +1,181 @@
+"""The reference trainer's typed configuration (``polar train CONFIG.yaml``), read once.
+
+A bad value is one line naming the field (``grpo.clip_low: Input should be
+greater than or equal to 0``); unknown fields are refused. Relative paths are
+taken as written (relative to the working directory), like every Polar config.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from polar.rollout.config import load_config
+from polar.rollout.protocol import HarnessSpec
+from polar.train.grpo import Aggregation, Baseline, MissingLogprob
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _http(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    return value.rstrip("/")
+
+
+HttpUrl = Annotated[str, AfterValidator(_http)]
+
+
+class RolloutSettings(_Section):
+    server_url: HttpUrl = "http://127.0.0.1:8200"
+    """The rollout server the trainer submits groups to."""
+    control_token: str | None = Field(default=None, min_length=16)
+    tasks: str
+    """Where training tasks come from: a task file, a Harbor directory, or ``builtin``."""
+    task_ids: list[str] | None = None
+    """Only these task ids (default: every task of ``tasks``)."""
+    harness: HarnessSpec
+    group_size: int = Field(default=4, ge=1, le=1024)
+    """Sessions per task: one GRPO group."""
+    groups_per_step: int = Field(default=2, ge=1)
+    max_inflight_groups: int = Field(default=4, ge=1)
+    """Groups generating at once (submitted, not yet consumed): the asynchrony."""
+    max_staleness: int = Field(default=1, ge=0)
+    """A group whose oldest token was sampled more than this many policy versions
+    before the step that would train on it is dropped (and counted)."""
+    builder: Literal["prefix_merge", "per_request"] = "prefix_merge"
+    session_timeout_s: float = Field(default=1800.0, gt=0)
+    max_resamples: int = Field(default=0, ge=0)
+    group_timeout_s: float = Field(default=7200.0, gt=0)
+    """Longest wait for one group's result before the run stops with an error."""
+    shuffle: bool = True
+    """Visit the tasks in a seeded random order, reshuffled every pass."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RolloutSettings:
+        if self.max_inflight_groups < self.groups_per_step:
+            raise ValueError(
+                f"max_inflight_groups ({self.max_inflight_groups}) must be at least "
+                f"groups_per_step ({self.groups_per_step})"
+            )
+        return self
+
+
+class EngineKind(StrEnum):
+    EMBEDDED = "embedded"
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+class EngineTarget(_Section):
+    kind: EngineKind
+    url: HttpUrl
+    api_key: str | None = None
+
+
+class GatewayTarget(_Section):
+    url: HttpUrl
+    admin_token: str = Field(min_length=16)
+
+
+class WeightSyncSettings(_Section):
+    gateways: list[GatewayTarget] = Field(min_length=1)
+    """Every gateway whose calls the engines serve: all are paused around a push."""
+    engines: list[EngineTarget] = Field(min_length=1)
+    drain_timeout_s: float = Field(default=300.0, gt=0)
+    """How long a push waits for in-flight calls to finish on the old weights."""
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    """Longest wait for one engine to load new weights."""
+    sync_on_start: bool = True
+    """Push the trainer's weights before the first rollout, so the engines serve
+    exactly them (and a broken weight path fails at start, not mid-run)."""
+    keep: int = Field(default=2, ge=1)
+    """Weight directories kept on disk (the newest ones)."""
+    directory: Path | None = None
+    """Where pushed weights are written (default ``<output_dir>/weights``); every
+    engine must be able to read it at the same path."""
+
+
+class GrpoSettings(_Section):
+    baseline: Baseline = Baseline.MEAN
+    scale_by_std: bool = False
+    aggregation: Aggregation = Aggregation.TOKEN_MEAN
+    clip_low: float = Field(default=0.2, ge=0, lt=1)
+    clip_high: float = Field(default=0.28, ge=0)
+    tis_cap: float = Field(default=2.0, ge=1)
+    missing_logprob: MissingLogprob = MissingLogprob.TRUST
+    kl_coef: float = Field(default=0.0, ge=0)
+    temperature: float = Field(default=1.0, gt=0)
+    """The sampling temperature the engine's logprobs refer to (logits are divided by it)."""
+
+
+class OptimSettings(_Section):
+    lr: float = Field(default=1e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    minibatches: int = Field(default=1, ge=1)
+    """Optimizer steps per training step (the step's sessions split evenly)."""
+    micro_batch_tokens: int = Field(default=16384, ge=64)
+    """Tokens (padding included) per forward/backward pass."""
+    logprob_chunk: int = Field(default=512, ge=1)
+    """Loss tokens whose vocabulary projection is computed at once."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    threads: int | None = Field(default=None, ge=1)
+
+
+class LogSettings(_Section):
+    jsonl: bool = True
+    """``<output_dir>/metrics.jsonl``, one line per step."""
+    tensorboard: bool = True
+    """``<output_dir>/tensorboard``."""
+    progress: bool = True
+    """A progress bar on the console."""
+
+
+class CheckpointSettings(_Section):
+    every: int = Field(default=10, ge=0)
+    """Save every this many steps (0: only at the end)."""
+    keep: int = Field(default=2, ge=1)
+    resume: Literal["auto", "never"] | Path = "auto"
+    """``auto``: continue from the newest checkpoint in ``<output_dir>/checkpoints``
+    if there is one; ``never``: start over; a path: that checkpoint."""
+
+
+class EvalSettings(_Section):
+    tasks: str | None = None
+    """Held-out tasks (a task file, a directory, or ``builtin``); none: no evaluation."""
+    task_ids: list[str] | None = None
+    every: int = Field(default=0, ge=0)
+    """Evaluate every this many steps (0: only before the first and after the last)."""
+    group_size: int = Field(default=1, ge=1)
+
+
+class TrainConfig(_Section):
+    model: Path
+    """The initial policy: a Hugging Face model directory (``polar model init`` builds one)."""
+    output_dir: Path = Path("runs/train")
+    steps: int = Field(ge=1)
+    seed: int = 0
+    rollout: RolloutSettings
+    weight_sync: WeightSyncSettings
+    grpo: GrpoSettings = GrpoSettings()
+    optim: OptimSettings = OptimSettings()
+    log: LogSettings = LogSettings()
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    eval: EvalSettings = EvalSettings()
+
+    @property
+    def weights_dir(self) -> Path:
+        return self.weight_sync.directory or self.output_dir / "weights"
+
+
+def load_train_config(path: Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read and validate once; :class:`~polar.proxy.config.ConfigError` with one line."""
+    return load_config(TrainConfig, path, overrides or {})

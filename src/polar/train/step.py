@@ -1,0 +1,220 @@
+"""One GRPO training step over prepared rows: old logprobs, loss, backward,
+optimizer step(s), and the step's statistics.
+
+The rows of a step are split into ``minibatches`` (whole sessions each); each
+minibatch is one optimizer step, accumulated over microbatches. ``pi_old`` is
+the model at the start of the step: with one minibatch it is the current
+forward pass detached (no extra pass); with more it is computed first, without
+gradients, for every microbatch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from polar.train.batch import MicroBatch, Row, microbatches, reweighted, split_by_session
+from polar.train.grpo import (
+    Aggregation,
+    clipped_policy_loss,
+    kl_k3,
+    mismatch,
+    tis_weights,
+)
+from polar.train.logprobs import token_logprobs
+
+
+@dataclass(frozen=True, slots=True)
+class LossSettings:
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    tis_cap: float = 2.0
+    kl_coef: float = 0.0
+    temperature: float = 1.0
+    aggregation: Aggregation = Aggregation.TOKEN_MEAN
+
+
+@dataclass(frozen=True, slots=True)
+class StepSettings:
+    minibatches: int = 1
+    micro_batch_tokens: int = 16384
+    max_grad_norm: float = 1.0
+    logprob_chunk: int = 512
+    pad_id: int = 0
+
+
+class _Totals:
+    """Sums over loss tokens, turned into the step's metrics at the end."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.mins: dict[str, float] = {}
+        self.maxs: dict[str, float] = {}
+        self.logprobs_old: list[torch.Tensor] = []
+        self.logprobs_rollout: list[torch.Tensor] = []
+        self.rollout_masks: list[torch.Tensor] = []
+        self.versions: list[torch.Tensor] = []
+
+    def add(self, name: str, values: torch.Tensor) -> None:
+        if values.numel() == 0:
+            return
+        v = values.detach().double()
+        self.sums[name] = self.sums.get(name, 0.0) + float(v.sum())
+        self.mins[name] = min(self.mins.get(name, math.inf), float(v.min()))
+        self.maxs[name] = max(self.maxs.get(name, -math.inf), float(v.max()))
+
+
+def train_step(
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    rows: Sequence[Row],
+    *,
+    loss: LossSettings,
+    settings: StepSettings,
+    policy_version: int,
+    ref_model: Any | None = None,
+    scheduler: Any | None = None,
+) -> dict[str, float]:
+    """Train on ``rows`` (already weighted for one optimizer step); returns metrics.
+
+    ``policy_version`` is the version of the weights at the start of the step:
+    tokens the rollout sampled with exactly these weights are reported apart
+    (``mismatch_onpolicy/*``: the trainer/engine numerical gap alone).
+    """
+    start = time.perf_counter()
+    model.train()
+    parts = split_by_session(rows, settings.minibatches)
+    if len(parts) > 1:
+        parts = [reweighted(part, loss.aggregation) for part in parts]
+    packed = [
+        microbatches(part, max_tokens=settings.micro_batch_tokens, pad_id=settings.pad_id)
+        for part in parts
+    ]
+    old: list[list[torch.Tensor | None]] = [[None] * len(mbs) for mbs in packed]
+    if len(packed) > 1:
+        with torch.no_grad():
+            for i, mbs in enumerate(packed):
+                for j, mb in enumerate(mbs):
+                    old[i][j] = _logprobs(model, mb, loss, settings)
+    totals = _Totals()
+    tokens = 0
+    loss_tokens = 0
+    grad_norms = []
+    for i, mbs in enumerate(packed):
+        optimizer.zero_grad(set_to_none=True)
+        for j, mb in enumerate(mbs):
+            logprobs = _logprobs(model, mb, loss, settings)  # [N]
+            reference = old[i][j]
+            old_lp = logprobs.detach() if reference is None else reference
+            objective = _objective(model, mb, logprobs, old_lp, loss, totals, ref_model)
+            torch.autograd.backward(objective)
+            tokens += mb.tokens
+            loss_tokens += int(mb.targets.numel())
+            totals.logprobs_old.append(old_lp.detach())
+            totals.logprobs_rollout.append(mb.rollout_logprobs)
+            totals.rollout_masks.append(mb.rollout_mask)
+            totals.versions.append(mb.versions)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+        grad_norms.append(float(norm))
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    model.train(False)
+    elapsed = time.perf_counter() - start
+    return _metrics(totals, tokens, loss_tokens, grad_norms, elapsed, len(rows), policy_version)
+
+
+def _logprobs(
+    model: Any, mb: MicroBatch, loss: LossSettings, settings: StepSettings
+) -> torch.Tensor:
+    return token_logprobs(model, mb, temperature=loss.temperature, chunk=settings.logprob_chunk)
+
+
+def _objective(
+    model: Any,
+    mb: MicroBatch,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    loss: LossSettings,
+    totals: _Totals,
+    ref_model: Any | None,
+) -> torch.Tensor:
+    """``sum_t weight_t * (tis_t * pg_t + beta * kl_t)`` over the microbatch's loss tokens."""
+    pg, clipped = clipped_policy_loss(
+        logprobs,
+        old_logprobs,
+        mb.advantages,
+        clip_low=loss.clip_low,
+        clip_high=loss.clip_high,
+    )
+    tis = tis_weights(old_logprobs, mb.rollout_logprobs, mb.rollout_mask, cap=loss.tis_cap)
+    per_token = tis.to(pg.dtype) * pg
+    if ref_model is not None and loss.kl_coef > 0:
+        with torch.no_grad():
+            ref = token_logprobs(ref_model, mb, temperature=loss.temperature)
+        kl = kl_k3(logprobs, ref)
+        per_token = per_token + loss.kl_coef * kl
+        totals.add("kl", kl)
+    weights = mb.weights.to(per_token.dtype)
+    totals.add("pg_loss", weights * tis.to(pg.dtype) * pg)
+    totals.add("objective", weights * per_token)
+    totals.add("clipped", clipped.double())
+    totals.add("ratio", torch.exp(logprobs.detach() - old_logprobs))
+    present = mb.rollout_mask
+    totals.add("tis", tis[present])
+    raw = torch.exp(old_logprobs.detach().double() - mb.rollout_logprobs)[present]
+    totals.add("tis_truncated", (raw > loss.tis_cap).double())
+    return (weights * per_token).sum()
+
+
+def _metrics(
+    totals: _Totals,
+    tokens: int,
+    loss_tokens: int,
+    grad_norms: list[float],
+    elapsed: float,
+    sequences: int,
+    policy_version: int,
+) -> dict[str, float]:
+    out: dict[str, float] = {
+        "trainer/sequences": float(sequences),
+        "trainer/tokens": float(tokens),
+        "trainer/loss_tokens": float(loss_tokens),
+        "trainer/seconds": elapsed,
+        "trainer/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+        "trainer/grad_norm": max(grad_norms) if grad_norms else 0.0,
+        "loss/pg": totals.sums.get("pg_loss", 0.0),
+        "loss/objective": totals.sums.get("objective", 0.0),
+    }
+    if "kl" in totals.sums:
+        out["loss/kl"] = totals.sums["kl"] / max(1, loss_tokens)
+    out["clip_fraction"] = totals.sums.get("clipped", 0.0) / max(1, loss_tokens)
+    out["ratio/mean"] = totals.sums.get("ratio", 0.0) / max(1, loss_tokens)
+    out["ratio/min"] = totals.mins.get("ratio", 0.0)
+    out["ratio/max"] = totals.maxs.get("ratio", 0.0)
+    present = int(sum(int(m.sum()) for m in totals.rollout_masks))
+    out["tis/mean"] = totals.sums.get("tis", 0.0) / max(1, present)
+    out["tis/min"] = totals.mins.get("tis", 0.0)
+    out["tis/max"] = totals.maxs.get("tis", 0.0)
+    out["tis/truncated_fraction"] = totals.sums.get("tis_truncated", 0.0) / max(1, present)
+    if totals.logprobs_old:
+        trainer = torch.cat(totals.logprobs_old)
+        rollout = torch.cat(totals.logprobs_rollout)
+        masks = torch.cat(totals.rollout_masks)
+        versions = torch.cat(totals.versions)
+        for name, mask in (
+            ("mismatch", masks),
+            ("mismatch_onpolicy", masks & (versions == policy_version)),
+        ):
+            gap = mismatch(trainer, rollout, mask)
+            out[f"{name}/tokens"] = float(gap.tokens)
+            out[f"{name}/mean_abs"] = gap.mean_abs
+            out[f"{name}/max_abs"] = gap.max_abs
+            out[f"{name}/kl"] = gap.kl
+    return out

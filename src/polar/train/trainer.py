@@ -1,0 +1,352 @@
+"""The reference GRPO trainer: ``polar train CONFIG.yaml``, or :func:`train`
+from Python (a benchmark or a bridge drives it with :class:`Hooks`).
+
+It reads top to bottom: set-up, then per step — rollout (finished groups
+from the rollout service, stale ones dropped), advantages, loss and optimizer
+step, weight push, log, checkpoint, evaluation. The maths and every deviation
+from textbook GRPO are in :mod:`polar.train.grpo`; the step in
+:mod:`polar.train.step`; the push in :mod:`polar.train.weightsync`.
+
+Asynchronous with bounded staleness: ``max_inflight_groups`` groups are
+generating on the rollout service at every moment, also while the trainer
+steps and while it pushes weights (the gateways hold new calls during a push
+and let the ones in flight finish on the old weights). A group is consumed
+when it finishes; if its oldest token was sampled more than ``max_staleness``
+policy versions before the current one, it is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from polar.rollout.client import RolloutClient
+from polar.tasks import load_tasks
+from polar.tasks.model import Task
+from polar.train.batch import Group, advantages_of, group_from_result, rows_of
+from polar.train.checkpoint import (
+    TrainState,
+    list_checkpoints,
+    restore,
+    save_checkpoint,
+)
+from polar.train.config import TrainConfig
+from polar.train.evaluation import evaluate
+from polar.train.feed import GroupRequest, RolloutFeed, task_order
+from polar.train.step import LossSettings, StepSettings, train_step
+from polar.train.tracking import MetricsLog
+from polar.train.weights import prune_weights, save_weights
+from polar.train.weightsync import PushReport, WeightSync
+
+
+class TrainError(Exception):
+    """The run cannot start or go on; the message is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """Optional callbacks for whoever drives :func:`train`."""
+
+    on_step: Callable[[int, dict[str, float]], None] | None = None
+    """After each step's metrics are logged: ``(step, metrics)``."""
+    before_push: Callable[[int], None] | None = None
+    """Before the gateways pause to load ``version`` (the weights are on disk)."""
+    after_push: Callable[[PushReport], None] | None = None
+    evaluate: Callable[[int, int], dict[str, float]] | None = None
+    """``(step, policy_version) -> metrics``, called where the built-in
+    evaluation runs (merged into its metrics, logged under the same step)."""
+
+
+@dataclass(slots=True)
+class TrainResult:
+    steps: int
+    policy_version: int
+    output_dir: Path
+    checkpoint: Path | None
+    history: list[dict[str, float]] = field(default_factory=list)
+    counters: dict[str, float] = field(default_factory=dict)
+
+
+def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
+    # ---------------------------------------------------------------- set-up
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(config.seed)
+    if config.optim.threads:
+        torch.set_num_threads(config.optim.threads)
+    out = config.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    train_tasks = _tasks(config.rollout.tasks, config.rollout.task_ids, "rollout")
+    eval_tasks = (
+        _tasks(config.eval.tasks, config.eval.task_ids, "eval") if config.eval.tasks else []
+    )
+    resume_from = _resume_path(config)
+    # Weight sync: every gateway answers, every engine can load weights (or we stop here).
+    sync = WeightSync.from_settings(config.weight_sync)
+    try:
+        versions = sync.check()
+    except Exception:
+        sync.close()
+        raise
+    dtype = torch.float32 if config.optim.dtype == "float32" else torch.bfloat16
+    source = resume_from / "model" if resume_from else config.model
+    if not (source / "config.json").is_file():
+        sync.close()
+        raise TrainError(f"model: no Hugging Face model in {source}")
+    model: Any = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
+    model.train(False)
+    reference: Any = None
+    if config.grpo.kl_coef > 0:
+        reference = AutoModelForCausalLM.from_pretrained(str(config.model), dtype=dtype)
+        reference.train(False)
+        reference.requires_grad_(False)
+    pad_id = _pad_id(model)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=config.optim.lr,
+        betas=config.optim.betas,
+        weight_decay=config.optim.weight_decay,
+    )
+    warmup = config.optim.warmup_steps * config.optim.minibatches
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda n: min(1.0, (n + 1) / (warmup + 1)) if warmup else 1.0
+    )
+    state = restore(resume_from, optimizer, scheduler) if resume_from else TrainState()
+    counters = state.counters
+
+    if resume_from is None:
+        state.policy_version = max(versions)
+    if config.weight_sync.sync_on_start:
+        sync.push(
+            save_weights(model, config.weights_dir, state.policy_version), state.policy_version
+        )
+    elif set(versions) != {state.policy_version}:
+        sync.close()
+        raise TrainError(
+            f"weight_sync: gateways are at policy versions {versions}, the trainer at "
+            f"{state.policy_version}; set weight_sync.sync_on_start to push the trainer's weights"
+        )
+
+    def connect() -> RolloutClient:
+        return RolloutClient(config.rollout.server_url, token=config.rollout.control_token)
+
+    request = GroupRequest(
+        harness=config.rollout.harness,
+        group_size=config.rollout.group_size,
+        builder=config.rollout.builder,
+        session_timeout_s=config.rollout.session_timeout_s,
+        max_resamples=config.rollout.max_resamples,
+        wait_s=config.rollout.group_timeout_s,
+    )
+    feed = RolloutFeed(
+        connect,
+        task_order(train_tasks, seed=config.seed, shuffle=config.rollout.shuffle),
+        request,
+        inflight=config.rollout.max_inflight_groups,
+        cursor=state.cursor,
+    )
+    log = MetricsLog(
+        out,
+        jsonl=config.log.jsonl,
+        tensorboard=config.log.tensorboard,
+        progress=config.log.progress,
+        total_steps=config.steps,
+        first_step=state.step,
+    )
+    loss = LossSettings(
+        clip_low=config.grpo.clip_low,
+        clip_high=config.grpo.clip_high,
+        tis_cap=config.grpo.tis_cap,
+        kl_coef=config.grpo.kl_coef,
+        temperature=config.grpo.temperature,
+        aggregation=config.grpo.aggregation,
+    )
+    step_settings = StepSettings(
+        minibatches=config.optim.minibatches,
+        micro_batch_tokens=config.optim.micro_batch_tokens,
+        max_grad_norm=config.optim.max_grad_norm,
+        logprob_chunk=config.optim.logprob_chunk,
+        pad_id=pad_id,
+    )
+    eval_request = replace(request, group_size=config.eval.group_size)
+    result = TrainResult(state.step, state.policy_version, out, None, counters=counters)
+
+    def run_eval() -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        if eval_tasks:
+            with connect() as client:
+                metrics |= evaluate(
+                    client, eval_tasks, eval_request, policy_version=state.policy_version
+                )
+        if hooks.evaluate is not None:
+            metrics |= hooks.evaluate(state.step, state.policy_version)
+        return metrics
+
+    try:
+        feed.fill(state.policy_version)
+        if state.step == 0 and (eval_tasks or hooks.evaluate):
+            log.write(0, state.policy_version, run_eval())
+        while state.step < config.steps:
+            # ---------------------------------------------------------- rollout
+            started = time.monotonic()
+            groups: list[Group] = []
+            staleness: list[int] = []
+            while len(groups) < config.rollout.groups_per_step:
+                feed.fill(state.policy_version)
+                group = group_from_result(feed.next())
+                _count(counters, "groups/seen_total")
+                _count(counters, "sessions/unusable_total", group.unusable)
+                _count(counters, "sessions/invalid_samples_total", group.invalid_samples)
+                lag = group.staleness(state.policy_version)
+                if lag > config.rollout.max_staleness:
+                    _count(counters, "groups/stale_dropped_total")
+                    log.note(
+                        f"step {state.step + 1}: dropped group {group.group_id} ({group.task}): "
+                        f"{lag} versions old > max_staleness {config.rollout.max_staleness}"
+                    )
+                    continue
+                if not any(s.samples for s in group.sessions):
+                    _count(counters, "groups/empty_total")
+                    continue
+                groups.append(group)
+                staleness.append(lag)
+            feed.fill(state.policy_version)  # the next groups generate while this one trains
+            waited = time.monotonic() - started
+
+            # ---------------------------------------------------------- advantages
+            advantages = advantages_of(
+                groups, baseline=config.grpo.baseline, scale_by_std=config.grpo.scale_by_std
+            )
+            rows = rows_of(
+                groups,
+                advantages,
+                aggregation=config.grpo.aggregation,
+                missing_logprob=config.grpo.missing_logprob,
+            )
+
+            # ---------------------------------------------------------- loss and step
+            step_metrics = train_step(
+                model,
+                optimizer,
+                rows,
+                loss=loss,
+                settings=step_settings,
+                policy_version=state.policy_version,
+                ref_model=reference,
+                scheduler=scheduler,
+            )
+            state.step += 1
+
+            # ---------------------------------------------------------- weight push
+            state.policy_version += 1
+            path = save_weights(model, config.weights_dir, state.policy_version)
+            if hooks.before_push is not None:
+                hooks.before_push(state.policy_version)
+            push = sync.push(path, state.policy_version)
+            prune_weights(config.weights_dir, config.weight_sync.keep)
+            _count(counters, "push/drained_calls_total", push.drained_calls)
+            if hooks.after_push is not None:
+                hooks.after_push(push)
+
+            # ---------------------------------------------------------- log
+            rewards = [r for g in groups for r in g.rewards]
+            mean = math.fsum(rewards) / len(rewards)
+            metrics = {
+                "reward/mean": mean,
+                "reward/std": math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)),
+                "groups/trained": float(len(groups)),
+                "groups/zero_advantage_fraction": advantages.zero_advantage_groups / len(groups),
+                "staleness/mean": sum(staleness) / len(staleness),
+                "staleness/max": float(max(staleness)),
+                "push/drained_calls": float(push.drained_calls),
+                "push/held_calls": float(push.held_calls),
+                "push/seconds": push.total_s,
+                "time/waiting_for_groups_s": waited,
+                "lr": float(scheduler.get_last_lr()[0]),
+                **step_metrics,
+                **counters,
+            }
+            log.write(state.step, state.policy_version, metrics)
+            result.history.append({"step": float(state.step), **metrics})
+            if hooks.on_step is not None:
+                hooks.on_step(state.step, metrics)
+
+            # ---------------------------------------------------------- checkpoint
+            state.cursor = feed.cursor
+            every = config.checkpoint.every
+            if (every and state.step % every == 0) or state.step == config.steps:
+                result.checkpoint = save_checkpoint(
+                    out,
+                    state,
+                    model,
+                    optimizer,
+                    scheduler,
+                    tokenizer_dir=config.model,
+                    keep=config.checkpoint.keep,
+                )
+
+            # ---------------------------------------------------------- evaluation
+            every = config.eval.every
+            last = state.step == config.steps
+            if (eval_tasks or hooks.evaluate) and ((every and state.step % every == 0) or last):
+                log.write(state.step, state.policy_version, run_eval())
+    finally:
+        feed.close()
+        sync.close()
+        log.close()
+    result.steps = state.step
+    result.policy_version = state.policy_version
+    return result
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _tasks(source: str, ids: list[str] | None, section: str) -> list[Task]:
+    from polar.tasks.errors import TaskError
+
+    try:
+        tasks = load_tasks(source)
+    except TaskError as exc:
+        raise TrainError(f"{section}.tasks: {exc}") from None
+    if ids:
+        unknown = sorted(set(ids) - {t.id for t in tasks})
+        if unknown:
+            raise TrainError(f"{section}.task_ids: no task {unknown[0]} in {source}")
+        tasks = [t for t in tasks if t.id in set(ids)]
+    if not tasks:
+        raise TrainError(f"{section}.tasks: {source} holds no task")
+    return tasks
+
+
+def _resume_path(config: TrainConfig) -> Path | None:
+    match config.checkpoint.resume:
+        case "never":
+            return None
+        case "auto":
+            found = list_checkpoints(config.output_dir)
+            return found[-1] if found else None
+        case Path() as path:
+            if not (path / "state.json").is_file():
+                raise TrainError(f"checkpoint.resume: {path} is not a checkpoint")
+            return path
+    raise TrainError(f"checkpoint.resume: {config.checkpoint.resume!r}")
+
+
+def _pad_id(model: Any) -> int:
+    for value in (model.config.pad_token_id, model.config.eos_token_id):
+        if isinstance(value, int):
+            return value
+        if isinstance(value, list) and value:
+            return int(value[0])
+    return 0
+
+
+def _count(counters: dict[str, float], name: str, by: float = 1.0) -> None:
+    counters[name] = counters.get(name, 0.0) + by

@@ -1,0 +1,203 @@
+"""Weight sync: new weights into every engine without aborting a call.
+
+One push, whatever the engines:
+
+1. **pause** every gateway (``POST /admin/pause``): new calls wait at the
+   gateway's gate; calls already in flight run to the end on the old weights
+   (the gateway reports how many: ``drained_calls``). A gateway that does not
+   drain within ``drain_timeout_s`` fails the push: gateways are resumed on the
+   old version, nothing is loaded, and no call was cut short.
+2. **load** the new weights into every engine (:mod:`polar.train.reload`).
+3. **resume** every gateway with the new ``policy_version``: the waiting calls
+   run on the new weights, and every record admitted from then on carries it.
+
+If a load fails the gateways resume on the *old* version and the error is
+raised (with several engines, the ones that already loaded now disagree with
+the rest; the message names them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from polar.train.config import GatewayTarget, WeightSyncSettings
+from polar.train.reload import EngineReload, WeightSyncError, engine_reload
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayState:
+    paused: bool
+    inflight: int
+    waiting: int
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    drained: bool
+    drained_calls: int
+    waited_s: float
+
+
+class GatewayAdmin:
+    """A gateway's admin API, as far as weight sync needs it."""
+
+    def __init__(self, target: GatewayTarget, *, timeout_s: float = 30.0) -> None:
+        self.url = target.url
+        self._http = httpx.Client(
+            base_url=target.url,
+            headers={"authorization": f"Bearer {target.admin_token}"},
+            timeout=timeout_s,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            reply = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise WeightSyncError(f"gateway at {self.url}: {method} {path} failed: {exc}") from None
+        if reply.status_code == 401:
+            raise WeightSyncError(f"gateway at {self.url}: the admin token was refused")
+        return reply
+
+    def _json(self, reply: httpx.Response, what: str) -> dict[str, Any]:
+        try:
+            body = reply.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise WeightSyncError(
+                f"gateway at {self.url}: {what}: HTTP {reply.status_code} {reply.text[:200]}"
+            )
+        return body
+
+    def state(self) -> GatewayState:
+        reply = self._call("GET", "/admin/status")
+        body = self._json(reply, "GET /admin/status")
+        if reply.status_code != 200 or "policy_version" not in body:
+            raise WeightSyncError(
+                f"gateway at {self.url}: GET /admin/status answered HTTP {reply.status_code}"
+            )
+        return GatewayState(
+            paused=bool(body["paused"]),
+            inflight=int(body["inflight"]),
+            waiting=int(body.get("waiting", 0)),
+            policy_version=int(body["policy_version"]),
+        )
+
+    def pause(self, timeout_s: float) -> Drain:
+        reply = self._call(
+            "POST", "/admin/pause", json={"timeout_s": timeout_s}, timeout=timeout_s + 30
+        )
+        body = self._json(reply, "pausing")
+        if reply.status_code not in (200, 504):
+            raise WeightSyncError(f"gateway at {self.url}: pausing: HTTP {reply.status_code}")
+        return Drain(
+            drained=bool(body.get("drained")),
+            drained_calls=int(body.get("drained_calls", 0)),
+            waited_s=float(body.get("waited_s", 0.0)),
+        )
+
+    def resume(self, policy_version: int | None) -> None:
+        body = {} if policy_version is None else {"policy_version": policy_version}
+        reply = self._call("POST", "/admin/resume", json=body)
+        if reply.status_code != 200:
+            raise WeightSyncError(f"gateway at {self.url}: resuming: HTTP {reply.status_code}")
+
+
+@dataclass(frozen=True, slots=True)
+class PushReport:
+    version: int
+    drained_calls: int
+    """Calls in flight when the gateways paused: they finished on the old weights."""
+    held_calls: int
+    """Calls that arrived during the push and waited for the new weights."""
+    drain_s: float
+    load_s: float
+    total_s: float
+
+
+class WeightSync:
+    def __init__(
+        self,
+        gateways: Sequence[GatewayAdmin],
+        engines: Sequence[EngineReload],
+        *,
+        drain_timeout_s: float,
+    ) -> None:
+        self.gateways = list(gateways)
+        self.engines = list(engines)
+        self.drain_timeout_s = drain_timeout_s
+
+    @classmethod
+    def from_settings(cls, settings: WeightSyncSettings) -> WeightSync:
+        return cls(
+            [GatewayAdmin(g) for g in settings.gateways],
+            [engine_reload(e, timeout_s=settings.request_timeout_s) for e in settings.engines],
+            drain_timeout_s=settings.drain_timeout_s,
+        )
+
+    def close(self) -> None:
+        for gateway in self.gateways:
+            gateway.close()
+        for engine in self.engines:
+            engine.close()
+
+    def check(self) -> list[int]:
+        """Every gateway answers with the admin token and every engine can load
+        weights; returns the gateways' policy versions."""
+        versions = [g.state().policy_version for g in self.gateways]
+        for engine in self.engines:
+            engine.check()
+        return versions
+
+    def push(self, path: Path, version: int) -> PushReport:
+        start = time.monotonic()
+        paused: list[GatewayAdmin] = []
+        drained_calls = 0
+        loaded: list[str] = []
+        try:
+            for gateway in self.gateways:
+                paused.append(gateway)
+                drain = gateway.pause(self.drain_timeout_s)
+                drained_calls += drain.drained_calls
+                if not drain.drained:
+                    raise WeightSyncError(
+                        f"gateway at {gateway.url}: calls still in flight after "
+                        f"{drain.waited_s:g}s; weights not pushed (no call was aborted)"
+                    )
+            drained_at = time.monotonic()
+            for engine in self.engines:
+                try:
+                    engine.load(path, version)
+                except WeightSyncError as exc:
+                    if loaded:
+                        raise WeightSyncError(
+                            f"{exc} (already loaded version {version}: {', '.join(loaded)})"
+                        ) from None
+                    raise
+                loaded.append(engine.target)
+            loaded_at = time.monotonic()
+        except BaseException:
+            for gateway in paused:
+                gateway.resume(None)
+            raise
+        held = sum(g.state().waiting for g in self.gateways)
+        for gateway in self.gateways:
+            gateway.resume(version)
+        return PushReport(
+            version=version,
+            drained_calls=drained_calls,
+            held_calls=held,
+            drain_s=drained_at - start,
+            load_s=loaded_at - drained_at,
+            total_s=time.monotonic() - start,
+        )

@@ -1,0 +1,104 @@
+"""verl 0.9.1 (installed by ``scripts/setup --verl`` in its own virtualenv,
+``.cache/venv-verl``: verl pins transformers < 5.11) runs Polar's agent loop
+for real: verl's own ``AgentLoopWorker.generate_sequences``
+(``verl/experimental/agent_loop/agent_loop.py``) instantiates
+``polar.bridges.verl.PolarAgentLoop`` from an agent-loop config file, awaits
+its ``run`` per sample, pads and stacks the outputs into the ``DataProto``
+verl's PPO/GRPO trainer consumes (``support/verl_worker.py``, run by the verl
+virtualenv's Python against this test's Polar stack over HTTP).
+
+Not exercised: verl's LLM server manager (the Polar loop does not call it;
+Polar's gateway serves the agent) and its Ray actors (the worker is built
+directly, as each Ray actor builds it).
+
+The batch's prompts, responses, ``response_mask``, ``rollout_log_probs`` and
+``rm_scores`` are compared, token for token, with the gateway's records.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.bridges import INSTRUCTIONS, BridgeStack, expected_from_records
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+VERL_PYTHON = REPO / ".cache" / "venv-verl" / "bin" / "python"
+WORKER = REPO / "tests" / "support" / "verl_worker.py"
+PROMPT_LENGTH = 256
+RESPONSE_LENGTH = 256
+
+
+def run_verl(stack: BridgeStack, root: Path, prompts: list[Any]) -> dict[str, Any]:
+    if not VERL_PYTHON.exists():
+        pytest.fail(f"{VERL_PYTHON} is missing: run scripts/setup --verl (scripts/check does)")
+    request = root / "request.json"
+    request.write_text(
+        json.dumps(
+            {
+                "model": str(stack.model_dir),
+                "bridge": stack.config(),
+                "prompts": prompts,
+                "prompt_length": PROMPT_LENGTH,
+                "response_length": RESPONSE_LENGTH,
+            }
+        )
+    )
+    done = subprocess.run(
+        [str(VERL_PYTHON), str(WORKER), str(request)],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-6000:])
+        pytest.fail(f"verl's worker exited {done.returncode}: {done.stderr.strip()[-300:]}")
+    result: dict[str, Any] = json.loads((root / "batch.json").read_text())
+    return result
+
+
+def test_verl_agent_loop_batch_equals_polar_records(stack: BridgeStack, tmp_path: Path) -> None:
+    prompts = [
+        [{"role": "user", "content": INSTRUCTIONS["rename-b"]}],
+        [{"role": "user", "content": INSTRUCTIONS["rename-b"]}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "add-test"}],
+    ]
+    batch = run_verl(stack, tmp_path, prompts)
+    t, extra = batch["tensors"], batch["non_tensors"]
+
+    assert len(t["prompts"]) == 3
+    assert all(len(row) == PROMPT_LENGTH for row in t["prompts"])
+    assert all(len(row) == RESPONSE_LENGTH for row in t["responses"])
+    sessions = extra["polar_session"]
+    assert len(set(sessions)) == 3 and all(extra["polar_usable"])
+    rewards = stack.session_rewards(extra["polar_task"])
+    for i, session_id in enumerate(sessions):
+        e = expected_from_records(stack.records(session_id))
+        attention = t["attention_mask"][i]
+        prompt_keep = attention[:PROMPT_LENGTH]
+        response_keep = attention[PROMPT_LENGTH:]
+        prompt = [x for x, a in zip(t["prompts"][i], prompt_keep, strict=True) if a]
+        n = sum(response_keep)
+        assert prompt_keep == [0] * (PROMPT_LENGTH - len(prompt)) + [1] * len(prompt)
+        assert response_keep == [1] * n + [0] * (RESPONSE_LENGTH - n)
+        assert prompt == e.prompt_ids
+        assert t["responses"][i][:n] == e.completion_ids
+        assert t["response_mask"][i][:n] == e.mask and not any(t["response_mask"][i][n:])
+        assert 0 in e.mask  # two calls: the environment's tokens between them are masked out
+        assert t["input_ids"][i] == t["prompts"][i] + t["responses"][i]
+        for value, polar, m in zip(t["rollout_log_probs"][i][:n], e.logprobs, e.mask, strict=True):
+            if m:
+                assert value == pytest.approx(polar, abs=1e-6)  # verl stores float32
+        # verl puts the score on the last response token.
+        scores = t["rm_scores"][i]
+        assert scores[n - 1] == pytest.approx(rewards[session_id])
+        assert sum(abs(s) for j, s in enumerate(scores) if j != n - 1) == 0
+        assert extra["__num_turns__"][i] == 4

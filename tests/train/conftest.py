@@ -1,0 +1,37 @@
+"""Fixtures for the trainer tests: the default tiny model and an embedded engine serving it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from polar.proxy.engines.embedded import ModelRunner, create_engine_app
+from polar.serverthread import ServerThread
+from polar.tinymodel import build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``polar model init``'s model: random Qwen3-architecture weights, the Qwen3 tokenizer."""
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3")
+
+
+class EmbeddedEngine:
+    def __init__(self, model: Path) -> None:
+        self.runner = ModelRunner(model, max_batch=8)
+        self.server = ServerThread(create_engine_app(self.runner, served_name="tiny")).start()
+        self.url = self.server.url
+
+    def close(self) -> None:
+        self.server.stop()
+        self.runner.close()
+
+
+@pytest.fixture
+def embedded_engine(tiny_model: Path) -> Iterator[EmbeddedEngine]:
+    """A fresh embedded engine on the tiny model (tests push weights into it)."""
+    engine = EmbeddedEngine(tiny_model)
+    yield engine
+    engine.close()
