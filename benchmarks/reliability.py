@@ -70,14 +70,12 @@ import asyncio
 import os
 import random
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -85,6 +83,17 @@ import orjson
 
 from polar.ir import CaptureMode, CompletionRecord, Dialect, FinishReason, RecordStatus, Timings
 from polar.proxy.store import SessionRow, SqliteStore
+from reliability_parts import (
+    DIALECTS,
+    FaultyVllm,
+    call_once,
+    free_port,
+    mutant,
+    rss_mb,
+    rss_of,
+    start_gateway,
+    wait_for,
+)
 
 
 def record(session: str, seq: int, status: RecordStatus) -> CompletionRecord:
@@ -236,178 +245,6 @@ def crash_rounds(rounds: int, sessions: int, seed: int) -> None:
             raise SystemExit(1)
 
 
-# ---------------------------------------------------------------- engine faults
-
-FAULTS = ("http500", "http503", "reset", "stall", "truncated", "shape", "bad_ids")
-_PROMPT = [10, 11, 12, 13]
-_OUTPUT = [(21, "he"), (22, "llo"), (23, " there")]
-
-
-def _chat_reply(bad_ids: bool, tag: str = "") -> bytes:
-    ids = [-1 if bad_ids else i for i, _ in _OUTPUT]
-    return orjson.dumps(
-        {
-            "prompt_token_ids": _PROMPT,
-            "choices": [
-                {
-                    "message": {"role": "assistant", "content": tag + "hello there"},
-                    "token_ids": ids,
-                    "logprobs": {"content": [{"token": t, "logprob": -0.5} for _, t in _OUTPUT]},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": len(_PROMPT), "completion_tokens": len(_OUTPUT)},
-        }
-    )
-
-
-def _chunks(bad_ids: bool, tag: str = "") -> list[bytes]:
-    out = [orjson.dumps({"prompt_token_ids": _PROMPT, "choices": []})]
-    for n, (i, text) in enumerate(_OUTPUT):
-        text = tag + text if n == 0 else text
-        lp = {"content": [{"token": text, "logprob": -0.5}]}
-        choice = {"delta": {"content": text}, "token_ids": [-1 if bad_ids else i], "logprobs": lp}
-        out.append(orjson.dumps({"choices": [choice]}))
-    out.append(orjson.dumps({"choices": [{"delta": {}, "finish_reason": "stop"}]}))
-    return [b"data: " + c + b"\n\n" for c in out] + [b"data: [DONE]\n\n"]
-
-
-class FaultyVllm:
-    """Answers ``/v1/chat/completions`` as vLLM does, failing ``rate`` of replies."""
-
-    def __init__(self, rate: float, seed: int, token_delay_s: float = 0.0) -> None:
-        self.rng = random.Random(seed)
-        self.rate = rate
-        self.token_delay_s = token_delay_s
-        self.seen: set[str] = set()
-        self.version = 0
-        """The weights' version, named at the start of every reply (``v3 ``)."""
-        self.injected: dict[str, int] = {}
-        self.lock = threading.Lock()
-        engine = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                body = orjson.loads(self.rfile.read(int(self.headers["content-length"])))
-                with engine.lock:
-                    engine.seen.add(self.headers.get("x-request-id", "?"))
-                    fault = engine.rng.choice(FAULTS) if engine.rng.random() < rate else None
-                    if fault:
-                        engine.injected[fault] = engine.injected.get(fault, 0) + 1
-                engine.answer(self, bool(body.get("stream")), fault)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-            def handle_error(self, request: object, client_address: object) -> None:
-                pass
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def answer(self, h: BaseHTTPRequestHandler, stream: bool, fault: str | None) -> None:
-        if fault == "reset":
-            h.close_connection = True
-            h.connection.shutdown(socket.SHUT_RDWR)
-            return
-        if fault == "stall":
-            time.sleep(2.0)
-        if fault in ("http500", "http503"):
-            payload = b'{"error": {"message": "injected failure"}}'
-            h.send_response(500 if fault == "http500" else 503)
-            h.send_header("content-type", "application/json")
-            h.send_header("content-length", str(len(payload)))
-            h.end_headers()
-            h.wfile.write(payload)
-            return
-        bad = fault == "bad_ids"
-        if not stream:
-            payload = b"[]" if fault == "shape" else _chat_reply(bad, f"v{self.version} ")
-            h.send_response(200)
-            h.send_header("content-type", "application/json")
-            h.send_header("content-length", str(len(payload)))
-            h.end_headers()
-            if fault == "truncated":
-                h.wfile.write(payload[: len(payload) // 2])
-                h.close_connection = True
-                h.connection.shutdown(socket.SHUT_RDWR)
-                return
-            h.wfile.write(payload)
-            return
-        chunks = [b"data: []\n\n"] if fault == "shape" else _chunks(bad, f"v{self.version} ")
-        h.send_response(200)
-        h.send_header("content-type", "text/event-stream")
-        h.send_header("transfer-encoding", "chunked")
-        h.end_headers()
-        for i, chunk in enumerate(chunks):
-            if fault == "truncated" and i == 3:  # after two tokens
-                h.close_connection = True
-                h.connection.shutdown(socket.SHUT_RDWR)
-                return
-            h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-            h.wfile.flush()
-            time.sleep(self.token_delay_s)
-        h.wfile.write(b"0\r\n\r\n")
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-_DIALECTS = {
-    Dialect.OPENAI_CHAT: ("/v1/chat/completions", "messages"),
-    Dialect.ANTHROPIC_MESSAGES: ("/v1/messages", "messages"),
-    Dialect.OPENAI_RESPONSES: ("/v1/responses", "input"),
-}
-
-
-def _call(client: httpx.Client, dialect: Dialect, stream: bool) -> str:
-    """One call; returns ``ok``, ``error <status>`` or ``stream-error``, or raises."""
-    path, field = _DIALECTS[dialect]
-    body: dict[str, object] = {"model": "m", field: [{"role": "user", "content": "hi"}]}
-    body["stream"] = stream
-    if dialect is Dialect.ANTHROPIC_MESSAGES:
-        body["max_tokens"] = 16
-    with client.stream("POST", path, json=body) as reply:
-        raw = reply.read()
-    if reply.status_code != 200:
-        doc = orjson.loads(raw)
-        shaped = (
-            doc.get("type") == "error" and isinstance(doc["error"]["message"], str)
-            if dialect is Dialect.ANTHROPIC_MESSAGES
-            else set(doc) == {"error"} and isinstance(doc["error"]["message"], str)
-        )
-        if not shaped or reply.status_code < 500:
-            raise AssertionError(
-                f"{dialect.value}: bad error reply {reply.status_code} {raw[:200]!r}"
-            )
-        return f"error {reply.status_code}"
-    if not stream:
-        return "ok"
-    text = raw.decode()
-    if dialect is Dialect.OPENAI_CHAT:
-        if 'data: {"error"' in text:  # an error event after the stream had begun
-            return "stream-error"
-        finished = text.rstrip().endswith("data: [DONE]")
-    elif dialect is Dialect.ANTHROPIC_MESSAGES:
-        if "event: error" in text:
-            return "stream-error"
-        finished = "event: message_stop" in text
-    else:
-        if "event: error" in text or "event: response.failed" in text:
-            return "stream-error"
-        finished = "event: response.completed" in text
-    if not finished:
-        raise AssertionError(f"{dialect.value}: stream ended without finishing: {text[-300:]!r}")
-    return "ok"
-
-
 def engine_faults(calls: int, rate: float, seed: int) -> None:
     from polar.proxy.app import create_app
     from polar.proxy.config import GatewayConfig
@@ -446,9 +283,9 @@ def engine_faults(calls: int, rate: float, seed: int) -> None:
             headers = {"authorization": f"Bearer {key}", "x-api-key": key}
             with httpx.Client(base_url=server.url, headers=headers, timeout=30) as client:
                 for seq in range(1, calls // len(sessions) + 1):
-                    dialect = list(_DIALECTS)[(index + seq) % 3]
+                    dialect = list(DIALECTS)[(index + seq) % 3]
                     try:
-                        outcome = _call(client, dialect, stream=seq % 2 == 0)
+                        outcome = call_once(client, dialect, stream=seq % 2 == 0)
                     except Exception as exc:
                         with lock:
                             failures.append(f"{sid}/{seq}: {exc}")
@@ -534,7 +371,9 @@ def weight_sync(calls: int, sessions: int, syncs: int) -> None:
             with httpx.Client(base_url=server.url, headers=headers, timeout=120) as http:
                 for n in range(calls // sessions):
                     try:
-                        outcome = _call(http, list(_DIALECTS)[(index + n) % 3], stream=n % 2 == 0)
+                        outcome = call_once(
+                            http, list(DIALECTS)[(index + n) % 3], stream=n % 2 == 0
+                        )
                     except Exception as exc:
                         outcome = f"broken: {type(exc).__name__}"
                     with lock:
@@ -582,82 +421,9 @@ def weight_sync(calls: int, sessions: int, syncs: int) -> None:
         raise SystemExit(1)
 
 
-# ---------------------------------------------------------------- fuzz
-
-_ODD: list[object] = [None, True, 0, -1, 2**63, 1e308, "", "\u0000", [], {}, {"type": "hologram"}]
-_DEEP = "<deep>"
-
-
-def _paths(value: object, path: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
-    out: list[tuple[object, ...]] = []
-    items = (
-        value.items()
-        if isinstance(value, dict)
-        else enumerate(value)
-        if isinstance(value, list)
-        else ()
-    )
-    for key, child in items:
-        out.append((*path, key))
-        out.extend(_paths(child, (*path, key)))
-    return out
-
-
-def _mutant(base: dict[str, object], rng: random.Random) -> bytes:
-    body = orjson.loads(orjson.dumps(base))
-    roll = rng.random()
-    depth = 0
-    for _ in range(rng.randint(1, 3)):
-        paths = _paths(body)
-        if not paths:
-            break
-        path = rng.choice(paths)
-        parent = body
-        for step in path[:-1]:
-            parent = parent[step]  # type: ignore[index]
-        key = path[-1]
-        choice = rng.random()
-        if choice < 0.3:
-            del parent[key]  # type: ignore[attr-defined]
-        elif choice < 0.4:
-            depth = rng.choice([70, 256, 300, 990, 1000])
-            parent[key] = _DEEP  # type: ignore[index]
-        elif choice < 0.45:
-            parent[key] = "z" * rng.choice([5_000, 300_000, 1_000_000])  # type: ignore[index]
-        else:
-            parent[key] = rng.choice(_ODD)  # type: ignore[index]
-    raw = orjson.dumps(body)
-    if depth:
-        raw = raw.replace(orjson.dumps(_DEEP), b"[" * depth + b"]" * depth, 1)
-    if roll < 0.04:
-        return raw[: rng.randrange(len(raw))]
-    if roll < 0.06:
-        return raw.replace(b'"', b"\xff", 1)
-    return raw
-
-
-def _wait_for(url: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise SystemExit(f"{url} did not come up")
-
-
-def _rss_of(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def fuzz(per_case: int, seed: int) -> None:
     fixtures = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "harness"
-    bases: dict[Dialect, list[dict[str, object]]] = {d: [] for d in _DIALECTS}
+    bases: dict[Dialect, list[dict[str, object]]] = {d: [] for d in DIALECTS}
     for path in sorted(fixtures.glob("*/*.json")):
         fixture = orjson.loads(path.read_bytes())
         bases[Dialect(fixture["dialect"])].append(fixture["body"])
@@ -669,15 +435,15 @@ def fuzz(per_case: int, seed: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "script.json"
         script.write_bytes(orjson.dumps({"turns": [{"text": "ok"}], "cycle": True}))
-        engine_port = _free_port()
+        engine_port = free_port()
         engine = subprocess.Popen(
             [sys.executable, "-m", "polar", "engine", "scripted", "--script", str(script),
              "--port", str(engine_port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        _wait_for(f"http://127.0.0.1:{engine_port}/v1/models")
+        wait_for(f"http://127.0.0.1:{engine_port}/v1/models")
         for mode in ("engine_rendered", "token_in_token_out"):
-            port = _free_port()
+            port = free_port()
             command = [
                 sys.executable, "-m", "polar", "gateway", "--port", str(port),
                 "--admin-token", token, "--engine-url", f"http://127.0.0.1:{engine_port}",
@@ -687,7 +453,7 @@ def fuzz(per_case: int, seed: int) -> None:
                 command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
             url = f"http://127.0.0.1:{port}"
-            _wait_for(f"{url}/health")
+            wait_for(f"{url}/health")
             admin = httpx.Client(base_url=url, headers={"authorization": f"Bearer {token}"})
             key = admin.post("/admin/sessions", json={}).json()["api_key"]
             headers = {
@@ -696,15 +462,15 @@ def fuzz(per_case: int, seed: int) -> None:
                 "anthropic-version": "2023-06-01",
                 "content-type": "application/json",
             }
-            for dialect, (path, _) in _DIALECTS.items():
+            for dialect, (path, _) in DIALECTS.items():
                 rng = random.Random(f"{seed}/{mode}/{dialect.value}")
                 counts = {"2xx": 0, "4xx": 0, "5xx": 0, "dropped": 0}
                 samples: list[str] = []
                 slowest = 0.0
-                rss_start = _rss_of(gateway.pid)
+                rss_start = rss_of(gateway.pid)
                 with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
                     for _ in range(per_case):
-                        raw = _mutant(rng.choice(bases[dialect]), rng)
+                        raw = mutant(rng.choice(bases[dialect]), rng)
                         t0 = time.monotonic()
                         try:
                             reply = http.post(path, content=raw)
@@ -716,7 +482,7 @@ def fuzz(per_case: int, seed: int) -> None:
                             continue
                         slowest = max(slowest, time.monotonic() - t0)
                         counts[f"{status // 100}xx"] = counts.get(f"{status // 100}xx", 0) + 1
-                rss = f"{rss_start:.0f}->{_rss_of(gateway.pid):.0f}"
+                rss = f"{rss_start:.0f}->{rss_of(gateway.pid):.0f}"
                 bad += counts["5xx"] + counts["dropped"]
                 c = counts
                 print(
@@ -733,32 +499,6 @@ def fuzz(per_case: int, seed: int) -> None:
         raise SystemExit(1)
 
 
-# ---------------------------------------------------------------- kill the gateway
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _start_gateway(port: int, engine_url: str, store: Path, token: str) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable, "-m", "polar", "gateway", "--port", str(port), "--admin-token", token,
-        "--engine-url", engine_url, "--engine-model", "m", "--store", str(store),
-    ]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("the gateway did not start")
-
-
 def kill_gateway(rounds: int, sessions: int, seed: int) -> None:
     rng = random.Random(seed)
     engine = FaultyVllm(0.0, seed, token_delay_s=0.01)
@@ -772,9 +512,9 @@ def kill_gateway(rounds: int, sessions: int, seed: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "records.db"
         for round_ in range(1, rounds + 1):
-            port = _free_port()
+            port = free_port()
             url = f"http://127.0.0.1:{port}"
-            proc = _start_gateway(port, engine.url, store, token)
+            proc = start_gateway(port, engine.url, store, token)
             admin = httpx.Client(base_url=url, headers={"authorization": f"Bearer {token}"})
             made = [admin.post("/admin/sessions", json={}).json() for _ in range(sessions)]
             admin.close()
@@ -795,7 +535,7 @@ def kill_gateway(rounds: int, sessions: int, seed: int) -> None:
                     while not stop.is_set():
                         n += 1
                         try:
-                            outcome = _call(http, list(_DIALECTS)[(index + n) % 3], stream=True)
+                            outcome = call_once(http, list(DIALECTS)[(index + n) % 3], stream=True)
                         except (httpx.HTTPError, AssertionError, ValueError):
                             return  # the gateway died under it
                         if outcome == "ok":
@@ -813,7 +553,7 @@ def kill_gateway(rounds: int, sessions: int, seed: int) -> None:
             for t in threads:
                 t.join()
             # Restart on the same store: calls left in flight become interrupted.
-            proc = _start_gateway(port, engine.url, store, token)
+            proc = start_gateway(port, engine.url, store, token)
             health = httpx.get(f"{url}/health").json()
             proc.terminate()
             proc.wait()
@@ -850,17 +590,6 @@ def kill_gateway(rounds: int, sessions: int, seed: int) -> None:
         raise SystemExit(1)
 
 
-# ---------------------------------------------------------------- big prompts
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def big_prompts(mb: float, count: int) -> None:
     import resource
 
@@ -873,14 +602,14 @@ def big_prompts(mb: float, count: int) -> None:
         # The engine is its own process (as vLLM is), so only the gateway is measured.
         script = Path(tmp) / "script.json"
         script.write_bytes(orjson.dumps({"turns": [{"text": "ok"}], "cycle": True}))
-        port = _free_port()
+        port = free_port()
         engine = subprocess.Popen(
             [sys.executable, "-m", "polar", "engine", "scripted", "--script", str(script),
              "--port", str(port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        _wait_for(f"http://127.0.0.1:{port}/v1/models")
+        wait_for(f"http://127.0.0.1:{port}/v1/models")
         config = GatewayConfig.model_validate(
             {
                 "admin_token": "bench-admin-token-0123456789",
@@ -921,7 +650,7 @@ def big_prompts(mb: float, count: int) -> None:
             return out
 
         alone = small_calls(None, 30)
-        rss_before = _rss_mb()
+        rss_before = rss_mb()
         big_text = " ".join(["word"] * int(mb * (1 << 20) / 5))
         done = threading.Event()
         big_times: list[float] = []
