@@ -134,6 +134,7 @@ async def main(args: argparse.Namespace) -> None:
         task = make_task(root, args.prepare_s)
         config = NodeConfig.model_validate(
             {
+                "control_token": "benchmark-control-token-0123",
                 "sessions_dir": str(root / "sessions"),
                 "keep_sessions": "never",
                 "harness_cache": str(root / "harness"),

@@ -11,6 +11,7 @@ import pytest
 from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.proxy.engines.scripted import Script, SessionScripts, script_from_dict
 from polar.proxy.engines.scripted.server import load_tokenizer
+from polar.proxy.render.template import ChatTemplate
 
 from support.paths import FIXTURES, REPO, SHARED
 from support.stack import Stack
@@ -23,14 +24,23 @@ def tokenizer() -> Any:
     return load_tokenizer(QWEN3_TOKENIZER_DIR)
 
 
+@pytest.fixture(scope="session")
+def chat_template(tokenizer: Any) -> ChatTemplate:
+    """The default gateway's chat template, loaded once for every test stack."""
+    return ChatTemplate(tokenizer)
+
+
 @pytest.fixture
-def make_stack(tmp_path: Path, tokenizer: Any) -> Iterator[Callable[..., Stack]]:
+def make_stack(
+    tmp_path: Path, tokenizer: Any, chat_template: ChatTemplate
+) -> Iterator[Callable[..., Stack]]:
     """Start scripted engine + gateway stacks; all are stopped after the test."""
     stacks: list[Stack] = []
 
     def make(script: Script | SessionScripts | dict[str, Any], **options: Any) -> Stack:
         if isinstance(script, dict):
             script = script_from_dict(script)
+        options.setdefault("template", chat_template)
         stack = Stack(tmp_path / f"stack{len(stacks)}", tokenizer, script, **options)
         stacks.append(stack)
         return stack

@@ -107,7 +107,7 @@ def test_two_grpo_steps_train_on_exactly_what_polar_recorded(
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    node_gateway = stack.rollout.node_thread.url
+    node_gateway = stack.rollout.node_thread.gateway_url
     func = rollout_func(
         stack.config(
             weight_sync={

@@ -43,6 +43,7 @@ server:
   port: {port}
   db: {tmp_path / "rollout.db"}
 node:
+  control_port: {free_port()}
   sessions_dir: {tmp_path / "sessions"}
   harness_cache: {REPO / ".cache" / "harness"}
   heartbeat_interval_s: 0.5
@@ -142,3 +143,51 @@ def test_serve_rejects_a_bad_config_in_one_line(tmp_path: Path) -> None:
     assert result.stderr.strip() == (
         "polar serve: error: server.port: Input should be greater than or equal to 0"
     )
+
+
+def test_check_prints_no_secret(tmp_path: Path) -> None:
+    """``--check`` shows the settings without the control token, the gateway's admin
+    token or the engine's API key, wherever they came from."""
+    admin, api_key = "admin-token-secret-0123456789", "engine-api-key-secret-0123"
+    config = tmp_path / "serve.yaml"
+    config.write_text(
+        f"""
+node:
+  control_port: {free_port()}
+  gateway:
+    admin_token: {admin}
+    engine: {{kind: vllm, base_url: "http://127.0.0.1:9", model: m, api_key: {api_key}}}
+"""
+    )
+    node_config = tmp_path / "node.yaml"
+    node_config.write_text(config.read_text().replace("node:\n", "", 1).replace("\n  ", "\n"))
+    runs = {
+        "serve": polar("serve", "-c", str(config), "--token", TOKEN, "--check"),
+        "serve (environment)": polar(
+            "serve", "-c", str(config), "--check", env={"POLAR_CONTROL_TOKEN": TOKEN}
+        ),
+        "serve (generated)": polar("serve", "-c", str(config), "--check"),
+        "node": polar("node", "-c", str(node_config), "--token", TOKEN, "--check"),
+    }
+    for name, run in runs.items():
+        assert run.returncode == 0, (name, run.stderr)
+        assert isinstance(json.loads(run.stdout), dict), name
+        text = run.stdout + run.stderr
+        for secret in (TOKEN, admin, api_key):
+            assert secret not in text, (name, secret)
+        assert "control_token" not in run.stdout, name
+    assert json.loads(runs["node"].stdout)["gateway"]["engine"]["model"] == "m"
+    assert "serve (generated)" in runs and "control token" not in runs["serve (generated)"].stderr
+
+
+def test_a_node_needs_the_control_token_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    config = tmp_path / "node.yaml"
+    config.write_text(
+        'gateway:\n  engine: {kind: vllm, base_url: "http://127.0.0.1:9", model: m}\n'
+    )
+    missing = polar("node", "-c", str(config), "--check", env={"POLAR_CONTROL_TOKEN": ""})
+    assert missing.returncode == 2
+    assert "control token is needed" in missing.stderr
+    bad = polar("node", "-c", str(config), "--token", "tökén-0123456789-abcdef", "--check")
+    assert bad.returncode == 2
+    assert "visible ASCII" in bad.stderr and bad.stderr.count("\n") == 1

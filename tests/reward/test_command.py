@@ -75,10 +75,16 @@ def test_the_exit_status_decides_and_hidden_files_arrive_only_for_scoring(
     unfixed, fixed = with_sessions(tmp_path / "sessions", scenario)
 
     assert (unfixed.reward, unfixed.resolved) == (0.0, False)
-    assert unfixed.details == {"runtime": "live", "exit_code": 1}
+    assert unfixed.details == {
+        "runtime": "live",
+        "hardening": "baseline",
+        "restored": [],
+        "removed": [],
+        "exit_code": 1,
+    }
     assert "AssertionError: 23" in unfixed.log
     assert (fixed.reward, fixed.resolved) == (1.0, True)
-    assert fixed.details == {"runtime": "live", "exit_code": 0}
+    assert fixed.details == unfixed.details | {"exit_code": 0}
     assert "double is right" in fixed.log
 
 

@@ -63,6 +63,9 @@ def test_reward_txt_is_the_reward(tmp_path: Path, answer: str | None, reward: fl
     assert (result.reward, result.resolved) == (reward, reward == 1.0)
     assert result.details == {
         "runtime": "live",
+        "hardening": "baseline",
+        "restored": [],
+        "removed": [],
         "verifier_exit_code": 0,
         "verifier_timed_out": False,
         "reward_source": "reward.txt",

@@ -270,7 +270,29 @@ def test_a_test_patch_that_does_not_apply_is_an_error(
 def test_a_workspace_without_a_baseline_is_an_error(
     tmp_path: Path, instance: dict[str, Any]
 ) -> None:
+    """Without the baseline the node recorded at set-up, the workspace's own ref is
+    all there is: an agent that deleted it leaves nothing to diff against."""
     task = load(instance)
 
+    async def scenario(sessions: Sessions) -> EvalResult:
+        runtime = await sessions.start(task)
+        await agent(runtime, task, "git update-ref -d refs/polar/baseline")
+        sessions.baselines.clear()
+        return await evaluate(sessions.context(task, runtime))
+
     with pytest.raises(EvaluatorError, match=r"^cannot take the agent's diff in .*no baseline"):
-        run(tmp_path, task, "git update-ref -d refs/polar/baseline")
+        with_sessions(tmp_path / "sessions", scenario)
+
+
+def test_the_agent_cannot_move_or_delete_the_recorded_baseline(
+    tmp_path: Path, instance: dict[str, Any]
+) -> None:
+    """With the node's record, the agent's diff is taken against the set-up's commit
+    whatever the agent did to the ref: a fix it committed still counts."""
+    moved = (
+        "git -c user.name=a -c user.email=a@a commit -qam fix"
+        " && git update-ref -d refs/polar/baseline"
+    )
+    result, _ = run(tmp_path, load(instance), write("calc.py", FIXED) + "\n" + moved)
+
+    assert (result.reward, result.resolved) == (1.0, True)

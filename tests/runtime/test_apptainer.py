@@ -38,7 +38,7 @@ def test_the_instance_is_contained_bound_and_limited(tmp_path: Path) -> None:
         mounts=[Mount(path=tools), Mount(path=tmp_path / "cache", read_only=False)],
         binds=("/tests",),
     )
-    state = StateDir(tmp_path / "state")
+    state = StateDir(tmp_path / "state", tmp_path / "s" / ".polar-rw")
 
     argv = runtime.start_argv(state)
 
@@ -62,7 +62,7 @@ def test_host_network_and_an_overlay_change_the_instance(tmp_path: Path) -> None
         tmp_path, network="host", options={"overlay": "/o.img", "binary": "singularity"}
     )
 
-    argv = runtime.start_argv(StateDir(tmp_path / "state"))
+    argv = runtime.start_argv(StateDir(tmp_path / "state", tmp_path / "s" / ".polar-rw"))
 
     assert argv[:6] == ["singularity", "instance", "start", "--containall", "--overlay", "/o.img"]
     assert "--net" not in argv and "--writable-tmpfs" not in argv

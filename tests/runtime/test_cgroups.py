@@ -134,3 +134,38 @@ def test_a_cgroup_root_that_cannot_hold_limits_is_refused(tmp_path: Path) -> Non
 
     with pytest.raises(UnsupportedSpec, match="cgroup"):
         create_runtime(spec, tmp_path / "s")
+
+
+@pytest.mark.parametrize(
+    ("fields", "program", "kind"),
+    [
+        ({"cpu_time_s": 1.0}, "while True: pass", "cpu_time"),
+        (
+            {"tmp_mb": 8},
+            "import time\nf = open('/tmp/fill', 'wb')\n"
+            "try:\n    [f.write(b'x' * 2**20) or f.flush() for _ in range(64)]\n"
+            "except OSError:\n    time.sleep(60)",
+            "tmp",
+        ),
+    ],
+    ids=["cpu_time", "tmp"],
+)
+async def test_a_limit_hit_kills_what_runs_and_says_which(
+    runtimes: Runtimes, tmp_path: Path, fields: dict[str, float], program: str, kind: str
+) -> None:
+    """CPU time has no kernel limit (the watch enforces it); a full ``/tmp`` is only an
+    ``ENOSPC`` to the process. Either way the command is killed and the runtime says why."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (scripts/setup --sandbox)")
+    spec = RuntimeSpec(**fields)
+    try:
+        create_runtime(spec, tmp_path / "probe")
+    except UnsupportedSpec as exc:
+        pytest.skip(f"this host cannot give a sandbox these limits: {exc}")
+    runtime = await runtimes.start(spec)
+
+    result = await runtime.exec(["python3", "-c", program], timeout_s=60)
+
+    assert not result.timed_out and not result.ok
+    hit = runtime.limit_hit
+    assert hit is not None and hit.kind.value == kind, hit

@@ -67,7 +67,7 @@ async def test_a_session_runs_start_to_stop_in_one_container(
     repo.mkdir()
     (repo / "solve.py").write_text(
         "import json, os, sys, urllib.request\n"
-        "answer = urllib.request.urlopen(os.environ['GATEWAY'] + '/hello').read()\n"
+        "answer = urllib.request.urlopen(os.environ['GATEWAY'] + '/v1/models').read()\n"
         "open('answer.json', 'wb').write(answer)\n"
         "print('solved with', json.loads(answer)['hello'])\n"
     )
@@ -97,7 +97,7 @@ async def test_a_session_runs_start_to_stop_in_one_container(
         await runtime.stop()
 
     assert solved.stdout == "solved with from the host\n"
-    assert gateway.requests == [("GET", "/hello")]
+    assert gateway.requests == [("GET", "/v1/models")]
     assert "failed" in probe.stdout and reached == 0
     assert overrun.timed_out and overrun.stdout == "started\n" and survivors == []
     assert json.loads((tmp_path / "answer.json").read_text())["hello"] == "from the host"
@@ -163,7 +163,7 @@ def test_the_create_command_line_maps_the_spec(tmp_path: Path) -> None:
         options={"runtime": "runc", "ulimits": "nofile=4096:4096"},
     )
     runtime = DockerRuntime(spec, tmp_path / "s", GatewayAddress("127.0.0.1", 8000))
-    state = StateDir(tmp_path / "state")
+    state = StateDir(tmp_path / "state", tmp_path / "s" / ".polar-rw")
 
     argv = runtime.create_argv("podman", state)
 

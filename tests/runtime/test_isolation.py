@@ -143,14 +143,14 @@ async def test_the_network_reaches_the_gateway_and_nothing_else(
     on_host = await host.exec(["python3", "-c", PROBE, *targets[:2]])
     accepted_from_host = [listener.accepted for listener in listeners]
     inside = await runtime.exec(["python3", "-c", PROBE, *targets])
-    fetched = await runtime.exec(["python3", "-c", FETCH, f"{runtime.gateway_url}/hello"])
+    fetched = await runtime.exec(["python3", "-c", FETCH, f"{runtime.gateway_url}/v1/models"])
 
     assert on_host.stdout.count("connected") == 2 and accepted_from_host == [1, 1]
     assert inside.stdout.count("failed") == len(targets), inside.stdout + inside.stderr
     assert [listener.accepted for listener in listeners] == [1, 1]
     assert runtime.gateway_url is not None and runtime.gateway_url.startswith("http://127.0.0.1:")
-    assert json.loads(fetched.stdout) == {"hello": "from the host", "path": "/hello"}
-    assert gateway.requests == [("GET", "/hello")]
+    assert json.loads(fetched.stdout) == {"hello": "from the host", "path": "/v1/models"}
+    assert gateway.requests == [("GET", "/v1/models")]
 
 
 async def test_the_gateway_relay_streams_responses_and_carries_request_bodies(
@@ -167,10 +167,12 @@ async def test_the_gateway_relay_streams_responses_and_carries_request_bodies(
             gateway.release.set()  # the second chunk is only sent once the first arrived
 
     streamed = await runtime.exec(
-        ["python3", "-c", FETCH, f"{runtime.gateway_url}/stream"], on_output=on_output
+        ["python3", "-c", FETCH, f"{runtime.gateway_url}/v1/responses", "0"], on_output=on_output
     )
     size = 3_000_000
-    echoed = await runtime.exec(["python3", "-c", FETCH, f"{runtime.gateway_url}/echo", str(size)])
+    echoed = await runtime.exec(
+        ["python3", "-c", FETCH, f"{runtime.gateway_url}/v1/chat/completions", str(size)]
+    )
 
     assert streamed.ok, streamed.stderr
     assert [line for line in lines if line.strip()] == ["data: first\n", "data: second\n"]
@@ -196,7 +198,7 @@ async def test_network_host_shares_the_hosts_network(
     address = GatewayAddress("127.0.0.1", gateway.port)
     runtime = await runtimes.start(make_spec(network="host"), address)
 
-    fetched = await runtime.exec(["python3", "-c", FETCH, f"{runtime.gateway_url}/hello"])
+    fetched = await runtime.exec(["python3", "-c", FETCH, f"{runtime.gateway_url}/v1/models"])
 
     assert runtime.gateway_url == f"http://127.0.0.1:{gateway.port}"
     assert json.loads(fetched.stdout)["hello"] == "from the host"
@@ -215,3 +217,73 @@ async def test_sessions_do_not_see_each_other(runtimes: Runtimes, make_spec: Spe
 
     assert not read.ok
     assert "sleep 30" not in processes.stdout
+
+
+RAW = """
+import json, socket, sys
+port = int(sys.argv[1])
+for request in json.loads(sys.argv[2]):
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(request.encode())
+        conn.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    print(json.dumps(answer.split(b"\\r\\n", 1)[0].decode(errors="replace")))
+"""
+"""``python3 -c RAW PORT JSON_LIST``: sends each raw request on its own connection,
+prints each answer's status line (a JSON string per line)."""
+
+
+def _raw(method: str, path: str, key: str | None, extra: str = "", body: str = "") -> str:
+    auth = f"authorization: Bearer {key}\r\n" if key is not None else ""
+    length = f"content-length: {len(body)}\r\n" if body and "transfer-encoding" not in extra else ""
+    return f"{method} {path} HTTP/1.1\r\nhost: x\r\n{auth}{length}{extra}\r\n{body}"
+
+
+async def test_the_relay_passes_only_model_calls_with_the_sessions_key(
+    runtimes: Runtimes, make_spec: SpecMaker, gateway: HostGateway
+) -> None:
+    """What an agent would try through the relay to reach the control plane behind the
+    gateway's port: admin and node routes, paths spelled another way, another key,
+    no key, a request smuggled in a body, a protocol upgrade. The relay answers every
+    one itself; the gateway (a stand-in recording what reaches it) sees only the
+    model call that carries the session's key."""
+    key = "sk-polar-this-session"
+    runtime = await runtimes.start(
+        make_spec(network="gateway_only"), GatewayAddress("127.0.0.1", gateway.port, api_key=key)
+    )
+    assert runtime.gateway_url is not None
+    port = runtime.gateway_url.rsplit(":", 1)[1]
+    smuggled = _raw("GET", "/admin/sessions", key)
+    attempts = {
+        "admin": _raw("GET", "/admin/sessions", key),
+        "node api": _raw("GET", "/node/sessions", key),
+        "node dispatch": _raw("POST", "/node/sessions", key, body="{}"),
+        "dot segments": _raw("GET", "/v1/models/../../admin/sessions", key),
+        "double slash": _raw("GET", "//admin/sessions", key),
+        "encoded path": _raw("GET", "/v1/%2e%2e/admin/sessions", key),
+        "absolute form": _raw("GET", "http://127.0.0.1/admin/sessions", key),
+        "another key": _raw("GET", "/v1/models", "sk-polar-another-session"),
+        "no key": _raw("GET", "/v1/models", None),
+        "two keys": _raw("GET", "/v1/models", key, extra="x-api-key: sk-other\r\n"),
+        "smuggled (CL+TE)": _raw(
+            "POST",
+            "/v1/chat/completions",
+            key,
+            extra="content-length: 5\r\ntransfer-encoding: chunked\r\n",
+            body=f"0\r\n\r\n{smuggled}",
+        ),
+        "upgrade": _raw("GET", "/v1/models", key, extra="connection: upgrade\r\nupgrade: h2c\r\n"),
+        "not http": "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+        "the model call": _raw("GET", "/v1/models", key),
+    }
+    result = await runtime.exec(["python3", "-c", RAW, port, json.dumps(list(attempts.values()))])
+
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert result.ok and len(lines) == len(attempts), result.stdout + result.stderr
+    statuses = dict(zip(attempts, lines, strict=True))
+    assert statuses.pop("the model call").startswith("HTTP/1.1 200"), statuses
+    passed = {name for name, line in statuses.items() if line[9:10] not in ("4", "5", "")}
+    assert passed == set(), statuses
+    assert gateway.requests == [("GET", "/v1/models")]

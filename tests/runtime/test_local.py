@@ -212,7 +212,7 @@ async def main():
     fetch = "import sys, urllib.request as u; print(u.urlopen(sys.argv[1]).read().decode())"
     results = [
         await runtime.exec(["sh", "-c", "id -u; echo written > file; cat file"]),
-        await runtime.exec(["python3", "-c", fetch, f"{runtime.gateway_url}/hello"]),
+        await runtime.exec(["python3", "-c", fetch, f"{runtime.gateway_url}/v1/models"]),
         await runtime.exec(["sh", "-c", "sleep 300 & setsid sleep 300 & wait"], timeout_s=1),
     ]
     await runtime.stop()

@@ -216,10 +216,9 @@ def test_the_exports_load_in_datasets_and_train_a_step_in_trl(
     assert orjson.loads(chat["tools"])[0]["function"]["name"] == "bash"
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
-    for kind in ("tokens", "chat"):
-        model = AutoModelForCausalLM.from_pretrained(str(tiny_model))
-        before = model.model.norm.weight.detach().clone()
-        trainer = SFTTrainer(
+
+    def trainer(kind: str, model: Any) -> Any:
+        return SFTTrainer(
             model=model,
             processing_class=tokenizer,
             train_dataset=loaded[kind, "parquet"],
@@ -235,14 +234,25 @@ def test_the_exports_load_in_datasets_and_train_a_step_in_trl(
                 max_length=None,
             ),
         )
-        if kind == "tokens":
-            # TRL trains on our labels as they are: -100 where the model did not sample.
-            batch = trainer.data_collator([trainer.train_dataset[0]])
-            assert batch["labels"][0].tolist() == loaded["tokens", "parquet"][0]["labels"]
-        result = trainer.train()
-        assert result.global_step == 1
-        assert result.training_loss > 0
-        assert not model.model.norm.weight.detach().equal(before), "the step changed the weights"
+
+    # The chat export as TRL prepares it: messages through the model's chat
+    # template, with the tools and the reasoning where the template puts them.
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model))
+    rendered = tokenizer.decode(trainer("chat", model).train_dataset[0]["input_ids"])
+    assert rendered.startswith("<|im_start|>system\nYou fix code with the bash tool.")
+    assert '<tools>\n{"type": "function", "function": {"name": "bash"' in rendered
+    assert "<think>\nApply the fix.\n</think>" in rendered
+    assert '<tool_call>\n{"name": "bash", "arguments": {"command": "git apply' in rendered
+
+    # One real step on the token export; TRL trains on our labels as they are.
+    before = model.model.norm.weight.detach().clone()
+    tokens = trainer("tokens", model)
+    batch = tokens.data_collator([tokens.train_dataset[0]])
+    assert batch["labels"][0].tolist() == loaded["tokens", "parquet"][0]["labels"]
+    result = tokens.train()
+    assert result.global_step == 1
+    assert result.training_loss > 0
+    assert not model.model.norm.weight.detach().equal(before), "the step changed the weights"
 
 
 def done_attempts(journal: Path) -> int:

@@ -1,11 +1,13 @@
 """Real servers on the host for the sandbox network tests.
 
 :class:`HostGateway` stands in for Polar's gateway: a plain HTTP server on
-``127.0.0.1`` that answers ``GET /hello``, echoes ``POST /echo`` and streams
-``GET /stream`` in two chunks, the second only once the test releases it (so a
-test can show that the first chunk crossed the relay before the response
-ended). :class:`Listener` is a TCP port that only counts connections: a
-sandbox that must not reach the host is shown not to by its count not growing.
+``127.0.0.1`` with the gateway's model routes (the only ones the sandbox relay
+lets through): it answers ``GET /v1/models`` with a greeting, echoes
+``POST /v1/chat/completions`` and streams ``POST /v1/responses`` in two
+chunks, the second only once the test releases it (so a test can show that
+the first chunk crossed the relay before the response ended).
+:class:`Listener` is a TCP port that only counts connections: a sandbox that
+must not reach the host is shown not to by its count not growing.
 :data:`PROBE` is the program run inside a sandbox to try connections.
 """
 
@@ -50,17 +52,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.owner.requests.append(("GET", self.path))
-        if self.path == "/hello":
+        if self.path == "/v1/models":
             self._json({"hello": "from the host", "path": self.path})
-        elif self.path == "/stream":
-            self._stream()
         else:
             self._json({"error": "not found"}, 404)
 
     def do_POST(self) -> None:
         self.server.owner.requests.append(("POST", self.path))
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        self._json({"echo": body.decode()})
+        if self.path == "/v1/responses":
+            self._stream()
+        else:
+            self._json({"echo": body.decode()})
 
     def _json(self, payload: dict[str, Any], status: int = 200) -> None:
         data = json.dumps(payload).encode()

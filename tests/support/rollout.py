@@ -1,6 +1,7 @@
 """A whole rollout service on this machine for tests: the scripted engine (or
-any engine given by its gateway config), a rollout server and a gateway node,
-each a real HTTP server on its own port.
+any engine given by its gateway config), a rollout server and a gateway node
+(its gateway and its API on two ports, served from one event loop as ``polar
+node`` does), each a real HTTP server.
 
 The node runs sessions in the real ``local`` runtime (bubblewrap) with the real
 harness CLIs from ``.cache/harness``; only the model is scripted.
@@ -14,7 +15,7 @@ from typing import Any
 from polar.proxy.engines.scripted import ScriptedEngine, script_from_dict
 from polar.rollout.client import RolloutClient
 from polar.rollout.config import NodeConfig, ServerConfig
-from polar.rollout.deploy import NodeService, node_service
+from polar.rollout.deploy import NodeService, NodeThread, node_service
 from polar.rollout.server import RolloutServer, create_server_app
 from polar.serverthread import ServerThread
 from polar.tasks.builtin import solution_patch, wrong_patch
@@ -102,7 +103,7 @@ class RolloutStack:
                 "model": "scripted",
                 "retry_backoff_s": 0.01,
             }
-        self._threads: list[ServerThread] = []
+        self._threads: list[ServerThread | NodeThread] = []
         self.server_config = ServerConfig.model_validate(
             {
                 "port": 0,
@@ -151,8 +152,7 @@ class RolloutStack:
 
     def start_node(self) -> None:
         self.service: NodeService = node_service(self.node_config)
-        thread = ServerThread(self.service.app)
-        self.service.bind(thread.host, thread.port)
+        thread = NodeThread(self.service)
         self.node_thread = thread.start()
         self._threads.append(thread)
 

@@ -11,9 +11,11 @@ from openai import OpenAI
 
 from polar.ir import CompletionRecord
 from polar.proxy.app import create_app
-from polar.proxy.config import GatewayConfig
+from polar.proxy.config import GatewayConfig, RenderConfig
+from polar.proxy.engines.registry import build_capture
 from polar.proxy.engines.scripted import Script, ScriptedEngine, SessionScripts
 from polar.proxy.gateway import Gateway
+from polar.proxy.render.template import ChatTemplate
 from polar.proxy.store import SqliteStore
 from polar.serverthread import ServerThread
 
@@ -44,8 +46,11 @@ class Stack:
         token_delay_s: float = 0.0,
         engine_url: str | None = None,
         engine: dict[str, Any] | None = None,
+        template: ChatTemplate | None = None,
         **config: Any,
     ) -> None:
+        """``template``: a loaded chat template to share, used when the gateway's
+        render section is the default one (it names that template)."""
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
         self._clients: list[OpenAI | anthropic.Anthropic] = []
@@ -70,10 +75,12 @@ class Stack:
                 **config,
             }
         )
+        self._template = template if self.config.render == RenderConfig() else None
         self.start_gateway()
 
     def start_gateway(self) -> None:
-        self.gateway = Gateway(self.config)
+        capture = build_capture(self.config, template=self._template)
+        self.gateway = Gateway(self.config, capture=capture)
         self.server = ServerThread(create_app(self.gateway)).start()
         self.url = self.server.url
 

@@ -9,7 +9,9 @@ from typing import Any
 import httpx
 import orjson
 
+from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.rollout.protocol import SessionResult, SessionStatus, TaskResult, TaskStatus
+from polar.serverthread import ServerThread
 from polar.trajectory import ChainClass
 from polar.trajectory.export import Sample, row_of
 from polar.trajectory.trace import TurnSpan
@@ -167,3 +169,16 @@ def greedy_next(url: str, prompt: list[int], model: str = "tiny") -> tuple[int, 
     reply.raise_for_status()
     choice = reply.json()["choices"][0]
     return int(choice["token_ids"][0]), float(choice["logprobs"]["token_logprobs"][0])
+
+
+class EmbeddedEngine:
+    """The embedded engine serving ``model`` on a local port (as ``polar engine serve``)."""
+
+    def __init__(self, model: Path) -> None:
+        self.runner = ModelRunner(model, max_batch=8)
+        self.server = ServerThread(create_engine_app(self.runner, served_name="tiny")).start()
+        self.url = self.server.url
+
+    def close(self) -> None:
+        self.server.stop()
+        self.runner.close()

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from polar.reward import EvalContext
 from polar.runtime import Mount, Runtime, RuntimeSpec, create_runtime
 from polar.tasks import Task, materialize, run_setup, runtime_spec_for, workspace_path
+from polar.tasks.baseline import Baseline
 
 T = TypeVar("T")
 
@@ -44,6 +45,8 @@ class Sessions:
         self.root = root
         self.spec = spec or sandbox_spec()
         self.runtimes: list[Runtime] = []
+        self.baselines: dict[int, Baseline | None] = {}
+        """The baseline each runtime's set-up recorded (by ``id``), as the node keeps it."""
 
     async def start(self, task: Task, name: str | None = None) -> Runtime:
         """materialize -> start -> run_setup, as the node does."""
@@ -52,7 +55,7 @@ class Sessions:
         runtime = create_runtime(runtime_spec_for(task, self.spec), session_dir)
         self.runtimes.append(runtime)
         await runtime.start()
-        await run_setup(task, runtime)
+        self.baselines[id(runtime)] = await run_setup(task, runtime)
         return runtime
 
     def context(
@@ -68,7 +71,11 @@ class Sessions:
             return await self.start(task)
 
         return EvalContext(
-            task=task, runtime=runtime, fresh_runtime=fresh or start_fresh, timeout_s=timeout_s
+            task=task,
+            runtime=runtime,
+            fresh_runtime=fresh or start_fresh,
+            timeout_s=timeout_s,
+            baseline=self.baselines.get(id(runtime)),
         )
 
     async def close(self) -> None:

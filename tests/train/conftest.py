@@ -7,26 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from polar.proxy.engines.embedded import ModelRunner, create_engine_app
-from polar.serverthread import ServerThread
 from polar.tinymodel import build_tiny_model
+
+from support.training import EmbeddedEngine
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``polar model init``'s model: random Qwen3-architecture weights, the Qwen3 tokenizer."""
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3")
-
-
-class EmbeddedEngine:
-    def __init__(self, model: Path) -> None:
-        self.runner = ModelRunner(model, max_batch=8)
-        self.server = ServerThread(create_engine_app(self.runner, served_name="tiny")).start()
-        self.url = self.server.url
-
-    def close(self) -> None:
-        self.server.stop()
-        self.runner.close()
 
 
 @pytest.fixture

@@ -38,9 +38,8 @@ from polar.train.logprobs import sequence_logprobs
 from polar.train.trainer import Hooks, train
 from polar.train.weightsync import PushReport
 
-from conftest import EmbeddedEngine
 from support.rollout import CONTROL_TOKEN, RolloutStack
-from support.training import TALKER_HARNESS, greedy_next, talker_task
+from support.training import TALKER_HARNESS, EmbeddedEngine, greedy_next, talker_task
 from support.waiting import wait_until
 
 FIXED_TEXT = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
@@ -65,7 +64,7 @@ def test_two_asynchronous_grpo_steps_end_to_end(
         engine={"kind": "embedded", "base_url": embedded_engine.url, "model": "tiny"},
         node={"model": "tiny"},
     )
-    gateway_url = stack.node_thread.url
+    gateway_url = stack.node_thread.gateway_url
     admin = httpx.Client(
         base_url=gateway_url, headers={"authorization": f"Bearer {CONTROL_TOKEN}"}, timeout=30
     )

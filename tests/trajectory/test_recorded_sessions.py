@@ -7,13 +7,21 @@ the CLIs recorded so far must be present in both modes.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from polar.ir import CaptureMode, CompletionRecord, PromptOrigin
+from polar.ir import (
+    CaptureMode,
+    CompletionRecord,
+    DeliveryFlag,
+    DeliveryIssue,
+    MalformedToolCall,
+    PromptOrigin,
+)
 from polar.ir.codec import record_from_json
 from polar.trajectory import (
     BreakReason,
@@ -132,3 +140,31 @@ def test_a_title_call_is_a_side_call_and_not_trained(config: BuildConfig) -> Non
     assert agent.chain_class is ChainClass.MAIN and len(agent.records) == len(records) - 1
     assert merged.accounting.quarantined == {Fate.CLASS_NOT_TRAINED: len(records[0].output_ids)}
     assert merged.delivered_fraction < 1.0
+
+
+def test_delivery_flags_and_malformed_calls_are_counted_in_the_accounting(
+    config: BuildConfig,
+) -> None:
+    """Every flag on every record of the session is counted, whatever the
+    record's fate, and so is every malformed tool call."""
+    records = load(SESSIONS / "opencode.engine_rendered.jsonl")
+    text_differs = DeliveryFlag(DeliveryIssue.ENGINE_TEXT_DIFFERS, "text: sampled 'a', gave ''")
+    withdrawn = DeliveryFlag(DeliveryIssue.STREAMED_CALL_WITHDRAWN, "tool call 0")
+    flagged = [
+        dataclasses.replace(
+            records[0],
+            delivery_flags=(text_differs, withdrawn),
+            malformed_tool_calls=(MalformedToolCall(raw="<tool_call>{", reason="not JSON"),),
+        ),
+        dataclasses.replace(records[1], delivery_flags=(text_differs,)),
+        *records[2:],
+    ]
+    for builder in (PerRequest(config), PrefixMerge(config)):
+        accounting = builder.build(flagged).accounting
+        assert dict(accounting.delivery_flags) == {
+            DeliveryIssue.ENGINE_TEXT_DIFFERS: 2,
+            DeliveryIssue.STREAMED_CALL_WITHDRAWN: 1,
+        }
+        assert accounting.malformed_tool_calls == 1
+        clean = builder.build(records).accounting
+        assert dict(clean.delivery_flags) == {} and clean.malformed_tool_calls == 0

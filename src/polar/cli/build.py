@@ -165,6 +165,10 @@ def _summary(trajectory: Trajectory, written: int, path: Path) -> str:
         lines.append(f"  delivered without rollout logprob: {accounting.missing_logprobs}")
     for reason, count in sorted(accounting.breaks.items()):
         lines.append(f"  breaks {reason.value}: {count}")
+    if accounting.malformed_tool_calls:
+        lines.append(f"  malformed tool calls (sent as text): {accounting.malformed_tool_calls}")
+    for issue, count in sorted(accounting.delivery_flags.items()):
+        lines.append(f"  delivery {issue.value}: {count}")
     relations = Counter(d.relation.value for d in trajectory.drift)
     lines.append("  prompts: " + ", ".join(f"{name} {n}" for name, n in sorted(relations.items())))
     for chain in trajectory.chains:

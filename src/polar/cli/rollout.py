@@ -1,4 +1,9 @@
-"""``polar serve``, ``polar node``, ``polar submit``, ``polar status``: the rollout service."""
+"""``polar serve``, ``polar node``, ``polar submit``, ``polar status``: the rollout service.
+
+The control token is never optional: ``polar serve`` without one generates it
+and prints it once, on stderr, when it starts (``--check`` prints no secret);
+``polar node`` must be given its server's.
+"""
 
 from __future__ import annotations
 
@@ -26,8 +31,19 @@ class ServeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    server: ServerConfig = ServerConfig()
+    server: ServerConfig
     node: NodeConfig
+
+
+SECRETS: dict[str, Any] = {
+    "control_token": True,
+    "gateway": {"admin_token": True, "engine": {"api_key"}},
+}
+"""What ``--check`` leaves out of a node's config."""
+
+
+def _shown(settings: BaseModel, exclude: Any) -> str:
+    return settings.model_dump_json(indent=2, exclude=exclude)
 
 
 def node_defaults(
@@ -48,6 +64,15 @@ def node_defaults(
         node["control_token"] = token
 
 
+def _announce(command: str, token: str) -> None:
+    """Print a generated control token, once."""
+    typer.echo(
+        f"polar {command}: control token (generated; give it to polar submit and polar "
+        f"status as --token or {TOKEN_ENV}): {token}",
+        err=True,
+    )
+
+
 def serve(
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="YAML with server: and node: sections.")
@@ -55,6 +80,9 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Rollout server port (default 8200).")] = None,
     node_port: Annotated[
         int | None, typer.Option(help="The node's gateway port (default 8300).")
+    ] = None,
+    node_control_port: Annotated[
+        int | None, typer.Option(help="The node's API port (default 8301).")
     ] = None,
     engine_url: Annotated[
         str | None, typer.Option(help="Inference engine the node's gateway forwards to.")
@@ -64,7 +92,11 @@ def serve(
     ] = None,
     db: Annotated[Path | None, typer.Option(help="SQLite file of tasks and results.")] = None,
     token: Annotated[
-        str | None, typer.Option(envvar=TOKEN_ENV, help="Control token (16+ characters).")
+        str | None,
+        typer.Option(
+            envvar=TOKEN_ENV,
+            help="Control token (16+ visible ASCII characters; default: generated).",
+        ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     check: Annotated[bool, typer.Option("--check", help="Validate, print, exit.")] = False,
@@ -77,25 +109,35 @@ def serve(
         server["port"] = port
     if db is not None:
         server["db"] = str(db)
-    if token is not None:
-        server["control_token"] = token
     if node_port is not None:
         node.setdefault("gateway", {})["port"] = node_port
+    if node_control_port is not None:
+        node["control_port"] = node_control_port
     raw = read_config("serve", config)
     data = merge(raw, overrides)
     for section in ("server", "node"):
+        data.setdefault(section, {})
         if not isinstance(data.get(section), dict):
             fail("serve", f"{config}: {section} must be a mapping")
     merged_node, server_section = data["node"], data["server"]
+    configured = token or server_section.get("control_token") or merged_node.get("control_token")
+    generated = None if configured else secrets.token_urlsafe(32)
+    shared = configured or generated
+    server_section.setdefault("control_token", shared)
+    if token is not None:
+        server_section["control_token"] = token
     node_defaults(merged_node, token, engine_url, engine_kind)
+    merged_node.setdefault("control_token", server_section["control_token"])
     merged_node.setdefault(
         "server_url",
         f"http://{server_section.get('host', '127.0.0.1')}:{server_section.get('port', 8200)}",
     )
     settings = validate_config("serve", ServeConfig, data)
     if check:
-        typer.echo(settings.model_dump_json(indent=2))
+        typer.echo(_shown(settings, {"server": {"control_token": True}, "node": SECRETS}))
         return
+    if generated is not None:
+        _announce("serve", generated)
     _run("serve", settings.server, settings.node, log_level)
 
 
@@ -106,6 +148,9 @@ def node(
     ] = None,
     node_id: Annotated[str | None, typer.Option(help="This node's id.")] = None,
     port: Annotated[int | None, typer.Option(help="Gateway port (default 8300).")] = None,
+    control_port: Annotated[
+        int | None, typer.Option(help="The node's API port (default 8301).")
+    ] = None,
     public_url: Annotated[
         str | None, typer.Option(help="How the server reaches this node.")
     ] = None,
@@ -134,10 +179,14 @@ def node(
     raw.setdefault("gateway", {})
     if port is not None:
         raw["gateway"]["port"] = port
+    if control_port is not None:
+        raw["control_port"] = control_port
     node_defaults(raw, token, engine_url, engine_kind)
+    if not raw.get("control_token"):
+        fail("node", f"the rollout server's control token is needed (--token or {TOKEN_ENV})")
     settings = validate_config("node", NodeConfig, raw)
     if check:
-        typer.echo(settings.model_dump_json(indent=2))
+        typer.echo(_shown(settings, SECRETS))
         return
     _run("node", None, settings, log_level)
 
@@ -158,10 +207,13 @@ def validate_config(command: str, model: type[M], data: dict[str, Any]) -> M:
 
 def _run(command: str, server: ServerConfig | None, node: NodeConfig | None, level: str) -> None:
     from polar.rollout.deploy import serve as serve_both
+    from polar.runtime.errors import UnsupportedSpec
 
     configure_logging(level)
     try:
         asyncio.run(serve_both(server, node, level))
+    except UnsupportedSpec as exc:
+        fail(command, f"the node's sandboxes cannot be given their limits: {exc}")
     except OSError as exc:
         fail(command, f"cannot listen: {exc.strerror or exc}")
     except KeyboardInterrupt:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -154,6 +155,11 @@ def _service_config(
             fail("generate", f"{config}: {section} must be a mapping")
     node: dict[str, Any] = data["node"]
     node_defaults(node, None, engine_url, engine_kind)
+    # The service lives in this process: a control token of its own unless given.
+    token = data["server"].get("control_token") or node.get("control_token")
+    token = token or secrets.token_urlsafe(32)
+    data["server"].setdefault("control_token", token)
+    node.setdefault("control_token", token)
     if model is not None:
         node.setdefault("gateway", {}).setdefault("engine", {})["model"] = model
     if "engine" not in node.get("gateway", {}):

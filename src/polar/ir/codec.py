@@ -25,6 +25,8 @@ from polar.ir.records import (
     CallError,
     CaptureMode,
     CompletionRecord,
+    DeliveryFlag,
+    DeliveryIssue,
     Dialect,
     ErrorKind,
     MalformedToolCall,
@@ -185,9 +187,20 @@ def record_to_json(record: CompletionRecord) -> dict[str, Any]:
             {"raw": m.raw, "reason": m.reason} for m in record.malformed_tool_calls
         ],
         "edits": [{"kind": e.kind.value, "detail": e.detail} for e in record.edits],
+        "delivery_flags": delivery_flags_to_json(record.delivery_flags),
         "original_request": record.original_request,
         "engine_request": record.engine_request,
     }
+
+
+def delivery_flags_to_json(flags: tuple[DeliveryFlag, ...]) -> list[dict[str, str]]:
+    return [{"issue": f.issue.value, "detail": f.detail} for f in flags]
+
+
+def delivery_flags_from_json(data: Any) -> tuple[DeliveryFlag, ...]:
+    return tuple(
+        DeliveryFlag(issue=DeliveryIssue(f["issue"]), detail=str(f["detail"])) for f in data
+    )
 
 
 def record_from_json(data: Any) -> CompletionRecord:
@@ -242,6 +255,7 @@ def record_from_json(data: Any) -> CompletionRecord:
                 RequestEdit(kind=EditKind(e["kind"]), detail=str(e["detail"]))
                 for e in data.get("edits") or ()
             ),
+            delivery_flags=delivery_flags_from_json(data.get("delivery_flags") or ()),
         )
     except KeyError as exc:
         raise ValueError(f"record: missing field {exc.args[0]!r}") from None

@@ -92,6 +92,35 @@ class MalformedToolCall:
     reason: str
 
 
+class DeliveryIssue(StrEnum):
+    """How what a client was (or would have been) handed differs from the sampled text."""
+
+    ENGINE_TEXT_DIFFERS = "engine_text_differs"
+    """The engine's parser gave text or reasoning that is not the sampled text's
+    (text after a malformed ``<tool_call>`` swallowed, a stray ``</think>`` stripped)."""
+    ENGINE_TOOL_CALLS_DIFFER = "engine_tool_calls_differ"
+    """The engine's parser gave other tool calls (names, arguments, count) than
+    the sampled text holds."""
+    ENGINE_ARGUMENTS_NOT_JSON = "engine_arguments_not_json"
+    """The engine streamed tool-call arguments that do not join to valid JSON."""
+    STREAMED_CALL_WITHDRAWN = "streamed_call_withdrawn"
+    """A tool call began streaming, then did not parse: the client was sent its
+    start as a call, then its text (an OpenAI chat stream cannot withdraw a call;
+    the recorded message does)."""
+    TOOL_NOT_OFFERED = "tool_not_offered"
+    """A well-formed tool call names a tool the request did not offer."""
+    ARGUMENTS_MISSING = "arguments_missing"
+    """A tool call was written without arguments; the client got ``{}``."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryFlag:
+    """One difference between the sampled text and what was delivered for it."""
+
+    issue: DeliveryIssue
+    detail: str
+
+
 @dataclass(frozen=True, slots=True)
 class CallError:
     kind: ErrorKind
@@ -142,6 +171,8 @@ class CompletionRecord:
     malformed_tool_calls: tuple[MalformedToolCall, ...] = ()
     edits: tuple[RequestEdit, ...] = ()
     """Changes the gateway made to the request before rendering it."""
+    delivery_flags: tuple[DeliveryFlag, ...] = ()
+    """Where delivery and the sampled ids disagree (see :class:`DeliveryIssue`)."""
 
     @property
     def key(self) -> str:

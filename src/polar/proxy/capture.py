@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections import deque
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, assert_never
 
@@ -25,6 +25,7 @@ from jinja2 import TemplateError
 from polar.ir import (
     CaptureMode,
     ChatRequest,
+    DeliveryFlag,
     Delta,
     EngineEvent,
     Finish,
@@ -38,14 +39,17 @@ from polar.ir import (
     TextPart,
     TokenLogprob,
     ToolCall,
+    ToolSpec,
 )
 from polar.proxy.engines.base import NO_HEADERS, ChatEngine, Headers, TokenEngine, TokenRequest
 from polar.proxy.errors import InvalidRequest
 from polar.proxy.logtext import clip
 from polar.proxy.offload import Offload
+from polar.proxy.render.delivery import ParsedTurn, Redelivery, call_flags, withdrawn_flags
 from polar.proxy.render.parse import OutputParser, ParserOptions, Piece
 from polar.proxy.render.splice import PromptPlan, Transcript, plan_prompt
 from polar.proxy.render.template import ChatTemplate
+from polar.proxy.render.tokens import TokenText
 
 T = TypeVar("T")
 
@@ -58,6 +62,8 @@ class PreparedCall:
     """Known up front when the gateway rendered the prompt; else measured after."""
     malformed: list[MalformedToolCall] = field(default_factory=list)
     """Tool calls the gateway's parser could not read (filled while streaming)."""
+    delivery_flags: list[DeliveryFlag] = field(default_factory=list)
+    """Where delivery and the sampled ids disagree (complete at the ``Finish`` event)."""
     prompt_ids: tuple[int, ...] = ()
     """Known up front when the gateway rendered the prompt (stored before the
     engine is called); else reported by the engine as it answers."""
@@ -87,11 +93,26 @@ class Capture(Protocol):
     async def aclose(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Reparse:
+    """How engine-rendered capture reads the sampled ids itself (see
+    :mod:`polar.proxy.render.delivery`)."""
+
+    text: TokenText
+    parser: ParserOptions
+    stop_token_ids: tuple[int, ...]
+
+
 class EngineRendered:
+    """``reparse``: derive what the client receives from the sampled ids with the
+    gateway's parser, flagging where the engine's own parse differs. Without it
+    the engine's parse is relayed as is."""
+
     mode = CaptureMode.ENGINE_RENDERED
 
-    def __init__(self, engine: ChatEngine) -> None:
+    def __init__(self, engine: ChatEngine, *, reparse: Reparse | None = None) -> None:
         self.engine = engine
+        self.reparse = reparse
 
     @property
     def engine_name(self) -> str:
@@ -105,7 +126,21 @@ class EngineRendered:
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
     ) -> PreparedCall:
         call = self.engine.prepare(request, headers=headers)
-        return PreparedCall(body=call.body, events=call.events)
+        if self.reparse is None:
+            return PreparedCall(body=call.body, events=call.events)
+        redelivery = Redelivery(
+            self.reparse.text,
+            self.reparse.parser,
+            tools=request.tools,
+            stop_ids=self.reparse.stop_token_ids,
+            streamed=request.stream,
+        )
+        return PreparedCall(
+            body=call.body,
+            events=redelivery.events(call.events),
+            malformed=redelivery.malformed,
+            delivery_flags=redelivery.flags,
+        )
 
     async def count_tokens(self, request: ChatRequest) -> int:
         return await self.engine.count_tokens(request)
@@ -183,22 +218,31 @@ class GatewayRendered:
             ),
             headers=headers,
         )
-        prepared = PreparedCall(
+        flags: list[DeliveryFlag] = []
+        events = self._parse(
+            plan.ids, call.events, parser, flags, streamed=request.stream, tools=request.tools
+        )
+        return PreparedCall(
             body=call.body,
-            events=self._parse(plan.ids, call.events, parser),
+            events=events,
             lineage=plan.lineage,
+            malformed=parser.malformed,
+            delivery_flags=flags,
             prompt_ids=plan.ids,
         )
-        prepared.malformed = parser.malformed
-        return prepared
 
     async def _parse(
         self,
         prompt_ids: tuple[int, ...],
         events: AsyncGenerator[EngineEvent, None],
         parser: OutputParser,
+        flags: list[DeliveryFlag],
+        *,
+        streamed: bool,
+        tools: Sequence[ToolSpec],
     ) -> AsyncGenerator[EngineEvent, None]:
         yield PromptTokens(prompt_ids)
+        turn = ParsedTurn()
         text = self.template.text
         stream = text.stream()
         calls: set[int] = set()  # tool calls made (and not withdrawn as malformed)
@@ -209,11 +253,16 @@ class GatewayRendered:
                     visible = [i for i in event.token_ids if i not in self._stops]
                     piece = parser.feed(stream.feed(visible))
                     _track(calls, piece)
+                    turn.add(piece.text, piece.reasoning, piece.tool_calls)
+                    flags.extend(withdrawn_flags(piece.tool_calls, streamed=streamed))
                     yield self._delta(event, piece)
                 elif isinstance(event, Finish):
                     piece = parser.feed(stream.flush())
                     piece.extend(parser.finish())
                     _track(calls, piece)
+                    turn.add(piece.text, piece.reasoning, piece.tool_calls)
+                    flags.extend(withdrawn_flags(piece.tool_calls, streamed=streamed))
+                    flags.extend(call_flags(turn, parser.written_calls, tools))
                     if piece.text or piece.reasoning or piece.tool_calls:
                         yield Delta(
                             text=piece.text,

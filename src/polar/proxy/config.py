@@ -70,7 +70,8 @@ class EngineConfig(_Section):
 
 
 class RenderConfig(_Section):
-    """Gateway-side rendering, used with ``capture: token_in_token_out``."""
+    """Gateway-side rendering and parsing: the chat template with ``capture:
+    token_in_token_out``; the tokenizer, parser and stop tokens in both modes."""
 
     tokenizer: Path | None = Field(
         default=None,
@@ -89,6 +90,12 @@ class RenderConfig(_Section):
     )
     stop_token_ids: list[int] = Field(
         default_factory=list, description="More token ids that end generation."
+    )
+    engine_output: Literal["gateway_parser", "engine_parser"] = Field(
+        default="gateway_parser",
+        description="Engine-rendered capture: derive what clients receive from the sampled "
+        "ids with the gateway's parser, flagging where the engine's parse differs "
+        "(the tokenizer must be the served model's), or relay the engine's parse unchecked.",
     )
 
 

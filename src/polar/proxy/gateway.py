@@ -61,7 +61,9 @@ class Gateway:
             messages=limits.max_messages,
             tools=limits.max_tools,
         )
-        self.capture = capture if capture is not None else build_capture(config, self.offload)
+        self.capture = (
+            capture if capture is not None else build_capture(config, offload=self.offload)
+        )
         self.relay = Relay(
             self.capture,
             self.store,

@@ -199,6 +199,7 @@ class _Attempt:
             lineage=lineage,
             malformed_tool_calls=tuple(self.prepared.malformed),
             edits=self.call.request.edits,
+            delivery_flags=tuple(self.prepared.delivery_flags),
         )
 
     def _bare(self, status: RecordStatus, error: CallError) -> CompletionRecord:

@@ -6,8 +6,10 @@ task's :attr:`~polar.tasks.model.EvaluatorSpec.config` as keyword arguments and
 returns an object with ``async evaluate(ctx) -> EvalResult``.
 
 Hidden tests reach the workspace only inside :meth:`Evaluator.evaluate`, after
-the agent finished. An evaluator that cannot score (a crash, a broken config)
-raises :class:`EvaluatorError`; the node then ends the session ERROR with the
+the agent finished, and the built-in evaluators first put back the files a
+test runner reads from the workspace (:mod:`polar.reward.hardening`). An
+evaluator that cannot score (a crash, a broken config) raises
+:class:`EvaluatorError`; the node then ends the session ERROR with the
 reason. A session that was scored and failed is not an error: it is a result
 with reward 0.
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from polar.runtime.base import Runtime
+from polar.tasks.baseline import Baseline
 from polar.tasks.model import Task
 
 
@@ -48,6 +51,9 @@ class EvalContext:
     (pre-warmed by the node where it can); the evaluator does not stop it."""
     timeout_s: float
     """What is left of the session's evaluation budget."""
+    baseline: Baseline | None = None
+    """The live workspace's baseline as the node recorded it at set-up (None: trust
+    the workspace's own baseline ref, as in a fresh runtime the agent never saw)."""
 
 
 @runtime_checkable

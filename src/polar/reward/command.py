@@ -5,7 +5,13 @@ Config: ``command`` (run with ``bash -c`` in the workspace), ``reward_file``
 number there, clamped to [0, 1], instead of the exit status deciding),
 ``tests_dir`` (where the task's hidden tests are copied first, relative to the
 workspace, default ``.``), ``timeout_s`` (clamped to the evaluation budget),
-``env``.
+``env`` (over :data:`~polar.reward.hardening.SAFE_ENV`).
+
+Before the command runs, the test runner's files in the workspace are put back
+as the baseline had them (:mod:`polar.reward.hardening`), and Python does not
+put the working directory on ``sys.path`` (``PYTHONSAFEPATH``): a project whose
+tests import it from there says so (``pythonpath`` in its pytest config, or
+``PYTHONPATH`` in ``env``).
 
 Without ``reward_file``: reward 1 and resolved iff the command exits 0. With
 it: the number in the file (a missing file scores 0; a file that does not hold
@@ -24,6 +30,7 @@ from pydantic import Field
 
 from polar.reward.base import EvalContext, EvalResult, EvaluatorError
 from polar.reward.budget import Budget, TimedOut
+from polar.reward.hardening import SAFE_ENV
 from polar.reward.scoring import (
     Scoring,
     clamp_reward,
@@ -66,7 +73,7 @@ class CommandEvaluator:
         result = await runtime.exec(
             ["bash", "-c", self.command],
             cwd=workspace,
-            env=self.env,
+            env={**SAFE_ENV, **self.env},
             timeout_s=budget.clamp(self.timeout_s),
         )
         details["exit_code"] = result.exit_code

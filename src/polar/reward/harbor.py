@@ -4,7 +4,9 @@ In the scoring runtime (the live one unless ``fresh_runtime``): ``/tests`` is
 emptied and ``/logs/verifier`` removed (nothing the agent left there counts),
 the task's hidden tests are copied to ``/tests``, and ``bash /tests/test.sh``
 runs in the workspace with ``verifier_timeout_s`` (default 120, clamped to the
-evaluation budget). The reward is ``/logs/verifier/reward.txt`` (a number,
+evaluation budget), with the test runner's files in the workspace put back and
+:data:`~polar.reward.hardening.SAFE_ENV` (:mod:`polar.reward.hardening`). The
+reward is ``/logs/verifier/reward.txt`` (a number,
 clamped to [0, 1]), else ``reward.json`` (a number, or the mean of an object's
 numeric values), else 0. Resolved iff the reward is 1. A verifier that times
 out scores 0; a reward file that holds no number is an :class:`EvaluatorError`.
@@ -26,6 +28,7 @@ from pydantic import Field
 
 from polar.reward.base import EvalContext, EvalResult, EvaluatorError
 from polar.reward.budget import Budget, TimedOut
+from polar.reward.hardening import SAFE_ENV
 from polar.reward.scoring import (
     Scoring,
     clamp_reward,
@@ -83,7 +86,7 @@ class HarborEvaluator:
         result = await runtime.exec(
             ["bash", script],
             cwd=scoring.workspace,
-            env=self.env,
+            env={**SAFE_ENV, **self.env},
             timeout_s=budget.clamp(self.verifier_timeout_s),
         )
         details |= {"verifier_exit_code": result.exit_code, "verifier_timed_out": result.timed_out}

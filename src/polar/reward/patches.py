@@ -29,6 +29,7 @@ from polar.tasks.baseline import (
     NO_GIT_EXIT,
     PREAMBLE,
     STAGE_ALL,
+    Baseline,
 )
 
 DIFF_TIMEOUT_S = 120.0
@@ -36,6 +37,8 @@ APPLY_TIMEOUT_S = 60.0
 PATCH_FUZZ = 5
 
 _TAKE_DIFF = f"""{PREAMBLE}
+if [ -n "$3" ] && [ -d .git ] && [ ! -L .git ]; then cat -- "$3" > .git/config; fi
+if [ -n "$2" ]; then g update-ref {BASELINE_REF} "$2"; fi
 g rev-parse -q --verify '{BASELINE_REF}^{{commit}}' >/dev/null || {{
   echo "the workspace has no baseline commit ({BASELINE_REF}); run_setup records it" >&2
   exit {NO_BASELINE_EXIT}
@@ -97,11 +100,22 @@ class Applied:
     log: str
 
 
-async def take_diff(runtime: Runtime, workspace: str, budget: Budget) -> AgentDiff:
-    """The agent's changes in ``workspace`` against the baseline, as a patch."""
+async def take_diff(
+    runtime: Runtime, workspace: str, budget: Budget, baseline: Baseline | None = None
+) -> AgentDiff:
+    """The agent's changes in ``workspace`` against the baseline, as a patch.
+
+    With ``baseline`` (the node's record), the repository's config and baseline
+    ref are put back first, so the agent can neither move the baseline nor have
+    git run a command of its own (see :mod:`polar.reward.hardening`)."""
     target = eval_path(runtime, "agent.patch")
+    config = ""
+    if baseline is not None:
+        config = eval_path(runtime, "git-config")
+        await write_file(runtime, config, baseline.git_config.encode())
+    commit = baseline.commit if baseline is not None else ""
     result = await runtime.exec(
-        ["sh", "-c", _TAKE_DIFF, "polar-diff", target],
+        ["sh", "-c", _TAKE_DIFF, "polar-diff", target, commit, config],
         cwd=workspace,
         timeout_s=budget.clamp(DIFF_TIMEOUT_S),
     )

@@ -11,18 +11,18 @@ Config:
   are scored, and one that is missing counts as failed;
 - ``reward``: ``pass_fail`` (1 iff every scored test passed) or ``fraction``
   (passed / scored);
-- ``pytest`` (default ``["python", "-m", "pytest"]``), ``args``, ``env``,
-  ``timeout_s`` (clamped to the evaluation budget).
+- ``pytest`` (default: :data:`~polar.reward.hardening.PYTEST_RUNNER`, the real
+  pytest started so that nothing in the workspace can stand in for it),
+  ``args``, ``env``, ``timeout_s`` (clamped to the evaluation budget).
 
 The scored tests are ``required`` or, without it, every test pytest reported
 except skipped ones. Nothing scored (no tests collected) is reward 0. A run
 that times out scores 0 with ``timed_out``.
 
-The workspace is the agent's: ``python -m pytest`` imports a ``pytest.py`` the
-agent left there, and its ``conftest.py`` files and ``addopts`` run its code.
-Where the project allows it, score untrusted agents with ``pytest: [python,
--I, -m, pytest]`` and ``args: [--noconftest, -o, "addopts="]``, as the
-built-in tasks do.
+The workspace is the agent's: before the hidden tests are copied in, the test
+runner's own files (``conftest.py``, ``pytest.ini``, ``pyproject.toml``, ...)
+are put back as the baseline had them and pytest is started so that nothing in
+the workspace can shadow it (:mod:`polar.reward.hardening`).
 """
 
 from __future__ import annotations
@@ -38,11 +38,10 @@ from pydantic import Field
 
 from polar.reward.base import EvalContext, EvalResult, EvaluatorError
 from polar.reward.budget import Budget, TimedOut
+from polar.reward.hardening import PYTEST_RUNNER, SAFE_ENV
 from polar.reward.pytest_report import Outcome, PytestRun, run_pytest
 from polar.reward.scoring import Scoring, copy_hidden_tests, scoring_runtime, timed_out_result
 from polar.reward.transfer import tail
-
-DEFAULT_PYTEST = ("python", "-m", "pytest")
 
 
 class RewardMode(StrEnum):
@@ -84,7 +83,7 @@ class PytestEvaluator:
     select: tuple[str, ...] | None = None
     required: tuple[str, ...] = ()
     reward: RewardMode = RewardMode.PASS_FAIL
-    pytest: Annotated[tuple[str, ...], Field(min_length=1)] = DEFAULT_PYTEST
+    pytest: Annotated[tuple[str, ...], Field(min_length=1)] = PYTEST_RUNNER
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     timeout_s: Annotated[float | None, Field(gt=0)] = None
@@ -115,7 +114,7 @@ class PytestEvaluator:
             cwd=scoring.workspace,
             command=self.pytest,
             args=[*self.args, *select],
-            env=self.env,
+            env={**SAFE_ENV, **self.env},
             timeout_s=budget.clamp(self.timeout_s),
         )
         details |= report_details(run)

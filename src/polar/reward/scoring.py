@@ -10,6 +10,7 @@ from typing import Any
 
 from polar.reward.base import EvalContext, EvalResult, EvaluatorError
 from polar.reward.budget import Budget, TimedOut
+from polar.reward.hardening import harden
 from polar.reward.patches import apply_diff, take_diff
 from polar.reward.transfer import tail
 from polar.runtime.base import Runtime
@@ -56,13 +57,16 @@ async def scoring_runtime(
     ctx: EvalContext, budget: Budget, details: dict[str, Any]
 ) -> Scoring | EvalResult:
     """The live runtime, or (``fresh_runtime: true``) a fresh copy of the task's
-    workspace with the agent's diff applied. A diff that does not apply is a
-    result (reward 0); ``details`` gets what was done."""
+    workspace with the agent's diff applied; either way with the test runner's
+    files put back (:func:`~polar.reward.hardening.harden`). A diff that does
+    not apply is a result (reward 0); ``details`` gets what was done."""
     task = ctx.task
     if not task.evaluator.fresh_runtime:
         details["runtime"] = "live"
-        return Scoring(ctx.runtime, workspace_path(task, ctx.runtime))
-    diff = await take_diff(ctx.runtime, workspace_path(task, ctx.runtime), budget)
+        workspace = workspace_path(task, ctx.runtime)
+        details |= await harden(ctx.runtime, workspace, ctx.baseline, budget)
+        return Scoring(ctx.runtime, workspace)
+    diff = await take_diff(ctx.runtime, workspace_path(task, ctx.runtime), budget, ctx.baseline)
     details |= {"runtime": "fresh", **diff.details()}
     fresh = await ctx.fresh_runtime()
     workspace = workspace_path(task, fresh)
@@ -72,4 +76,5 @@ async def scoring_runtime(
         if applied.method is None:
             details["reason"] = "the agent's diff does not apply to a fresh workspace"
             return EvalResult(0.0, False, details, log=tail(applied.log))
+    details |= await harden(fresh, workspace, None, budget)
     return Scoring(fresh, workspace)

@@ -5,14 +5,16 @@
 2. In ``ctx.fresh_runtime()`` (a fresh copy of the task's workspace) the diff
    is applied with ``git apply``, else ``patch -p1 --fuzz=5``; a diff that
    does not apply scores 0.
-3. The files ``test_patch`` touches are reset to the baseline (the agent's
-   edits to them do not count), then ``test_patch`` is applied; if it does not
+3. The test runner's files are put back (:mod:`polar.reward.hardening`), the
+   files ``test_patch`` touches are reset to the baseline (the agent's edits
+   to them do not count), then ``test_patch`` is applied; if it does not
    apply the instance is broken (:class:`EvaluatorError`).
 4. The FAIL_TO_PASS and PASS_TO_PASS tests run in one pytest call (node ids);
    resolved, and reward 1, iff every one of them passed.
 
 Config: ``fail_to_pass`` (at least one), ``pass_to_pass``, ``test_patch``,
-``pytest`` (default ``["python", "-m", "pytest"]``), ``args``, ``env``,
+``pytest`` (default: the hardened runner,
+:data:`~polar.reward.hardening.PYTEST_RUNNER`), ``args``, ``env``,
 ``timeout_s`` for the test run (clamped to the evaluation budget). Test ids
 must be pytest node ids; repositories with other runners (Django's
 ``runtests.py``) need a plug-in evaluator.
@@ -28,9 +30,10 @@ from pydantic import Field
 
 from polar.reward.base import EvalContext, EvalResult, EvaluatorError
 from polar.reward.budget import Budget, TimedOut
+from polar.reward.hardening import PYTEST_RUNNER, SAFE_ENV, harden
 from polar.reward.patches import apply_diff, patch_paths, restore_paths, take_diff
 from polar.reward.pytest_report import Outcome, run_pytest
-from polar.reward.pytest_suite import DEFAULT_PYTEST, report_details
+from polar.reward.pytest_suite import report_details
 from polar.reward.scoring import timed_out_result
 from polar.reward.transfer import tail
 from polar.runtime.base import Runtime
@@ -45,7 +48,7 @@ class SwebenchEvaluator:
     fail_to_pass: Annotated[tuple[str, ...], Field(min_length=1)]
     pass_to_pass: tuple[str, ...] = ()
     test_patch: str = ""
-    pytest: Annotated[tuple[str, ...], Field(min_length=1)] = DEFAULT_PYTEST
+    pytest: Annotated[tuple[str, ...], Field(min_length=1)] = PYTEST_RUNNER
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     timeout_s: Annotated[float | None, Field(gt=0)] = None
@@ -61,7 +64,9 @@ class SwebenchEvaluator:
     async def _evaluate(
         self, ctx: EvalContext, budget: Budget, details: dict[str, Any]
     ) -> EvalResult:
-        diff = await take_diff(ctx.runtime, workspace_path(ctx.task, ctx.runtime), budget)
+        diff = await take_diff(
+            ctx.runtime, workspace_path(ctx.task, ctx.runtime), budget, ctx.baseline
+        )
         details |= diff.details()
         if diff.empty:
             details["reason"] = "the agent changed nothing (empty diff)"
@@ -75,6 +80,7 @@ class SwebenchEvaluator:
             details["reason"] = "the agent's diff does not apply to a fresh checkout"
             return EvalResult(0.0, False, details, tail(applied.log))
 
+        details |= await harden(fresh, workspace, None, budget)
         await self._apply_test_patch(fresh, workspace, budget)
         tests = list(dict.fromkeys((*self.fail_to_pass, *self.pass_to_pass)))
         run = await run_pytest(
@@ -82,7 +88,7 @@ class SwebenchEvaluator:
             cwd=workspace,
             command=self.pytest,
             args=[*self.args, *tests],
-            env=self.env,
+            env={**SAFE_ENV, **self.env},
             timeout_s=budget.clamp(self.timeout_s),
         )
         details |= report_details(run)

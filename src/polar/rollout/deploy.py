@@ -1,24 +1,28 @@
-"""Assembling the rollout service's processes: a gateway node (gateway + node
-API on one port), the rollout server, or both in one process (``polar serve``)."""
+"""Assembling the rollout service's processes: a gateway node (its gateway on
+one port, its API on another), the rollout server, or both in one process
+(``polar serve``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import socket
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from starlette.applications import Starlette
 
 from polar.proxy.app import create_app
 from polar.proxy.asgi import Router
 from polar.proxy.gateway import Gateway
 from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.lifecycle import RuntimeFactory
-from polar.rollout.node import Node
-from polar.rollout.node_app import node_extension
+from polar.rollout.node import Node, check_node
+from polar.rollout.node_app import create_node_app, node_extension
 from polar.rollout.server import RolloutServer, create_server_app
 from polar.runtime.base import GatewayAddress
 from polar.runtime.registry import create_runtime
@@ -40,18 +44,29 @@ def build_config_for(tokenizer_dir: Path | None) -> BuildConfig:
 
 @dataclass(slots=True)
 class NodeService:
-    """A node's gateway and ``/node`` API as one ASGI app; ``bind`` tells it its port."""
+    """A node's two ASGI apps: ``app`` (the gateway; sandboxes reach its model
+    routes through their relay) and ``control_app`` (the node's API, for the
+    rollout server). ``bind`` and ``bind_control`` tell them their ports."""
 
     config: NodeConfig
     gateway: Gateway
     node: Node
     app: Router
+    control_app: Starlette
     address: list[GatewayAddress] = field(default_factory=list)
 
     def bind(self, host: str, port: int) -> None:
-        """Where the app listens (before it starts): the sandbox relay connects there."""
-        reachable = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-        self.address[:] = [GatewayAddress(reachable, port)]
+        """Where the gateway listens (before it starts): the sandbox relay connects there."""
+        self.address[:] = [GatewayAddress(_reachable(host), port)]
+
+    def bind_control(self, host: str, port: int) -> None:
+        """Where the node's API listens: the URL the node registers with."""
+        if self.config.public_url is None:
+            self.node.url = f"http://{_reachable(host)}:{port}"
+
+
+def _reachable(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
 
 def node_service(
@@ -75,7 +90,7 @@ def node_service(
         return address[0]
 
     app = create_app(gateway, extensions=[node_extension(node, where)])
-    service = NodeService(config, gateway, node, app, address)
+    service = NodeService(config, gateway, node, app, create_node_app(node), address)
     service.bind(config.gateway.host, config.gateway.port)
     return service
 
@@ -111,9 +126,14 @@ async def serve(
         app = create_server_app(RolloutServer(server_config))
         servers.append((_uvicorn(app, log_level), sock))
     if node_config is not None:
+        check_node(node_config)
         sock = listening_socket(node_config.gateway.host, node_config.gateway.port)
+        control = listening_socket(node_config.control_host, node_config.control_port)
         service = node_service(node_config)
         service.bind(*sock.getsockname()[:2])
+        service.bind_control(*control.getsockname()[:2])
+        # The API first: its server is up before the gateway's start-up starts the node.
+        servers.append((_uvicorn(service.control_app, log_level), control))
         servers.append((_uvicorn(service.app, log_level), sock))
     tasks = [asyncio.ensure_future(s.serve(sockets=[sock])) for s, sock in servers]
     try:
@@ -125,3 +145,60 @@ async def serve(
             s.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class NodeThread:
+    """A node's two servers (gateway, API) on one event loop in a background thread,
+    as :func:`serve` runs them (the API's handlers use the node, which lives on
+    the gateway's loop): for tests and in-process services. Free ports on ``host``."""
+
+    def __init__(self, service: NodeService, host: str = "127.0.0.1") -> None:
+        self._sockets = [listening_socket(host, 0), listening_socket(host, 0)]
+        gateway, control = (sock.getsockname()[:2] for sock in self._sockets)
+        service.bind(*gateway)
+        service.bind_control(*control)
+        self.gateway_url = f"http://{gateway[0]}:{gateway[1]}"
+        self.control_url = f"http://{control[0]}:{control[1]}"
+        self._servers = [
+            uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio"))
+            for app in (service.app, service.control_app)
+        ]
+        self._thread = threading.Thread(target=self._run, name="node", daemon=True)
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        """The gateway's URL (what harnesses and engine clients call)."""
+        return self.gateway_url
+
+    def _run(self) -> None:
+        async def both() -> None:
+            await asyncio.gather(
+                *(
+                    s.serve(sockets=[sock])
+                    for s, sock in zip(self._servers, self._sockets, strict=True)
+                )
+            )
+
+        try:
+            asyncio.run(both())
+        except BaseException as exc:
+            self._error = exc
+
+    def start(self, timeout_s: float = 60.0) -> NodeThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not all(s.started for s in self._servers):
+            if not self._thread.is_alive():
+                raise RuntimeError(f"the node failed to start: {self._error!r}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the node did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.should_exit = True
+        self._thread.join(timeout=60)
+        for sock in self._sockets:
+            sock.close()

@@ -1,5 +1,9 @@
 """What the rollout server's and the node's HTTP APIs share: bearer-token
-auth, one error shape, and validated JSON bodies."""
+auth, one error shape, and validated JSON bodies.
+
+Tokens are compared as bytes in constant time (``hmac.compare_digest``), so a
+header with characters outside ASCII is a wrong token (401), never an error.
+"""
 
 from __future__ import annotations
 
@@ -33,13 +37,22 @@ def error_response(error: ApiError) -> Response:
     )
 
 
-def check_token(request: Request, token: str | None) -> None:
+def bearer(request: Request) -> bytes | None:
+    """The request's ``Authorization: Bearer`` token as sent (bytes), if any."""
+    raw = next((v for k, v in request.scope["headers"] if k == b"authorization"), None)
+    if raw is None:
+        return None
+    scheme, _, given = raw.partition(b" ")
+    return given.strip() if scheme.lower() == b"bearer" else None
+
+
+def token_matches(given: bytes | None, token: str) -> bool:
+    return given is not None and hmac.compare_digest(given, token.encode())
+
+
+def check_token(request: Request, token: str) -> None:
     """Refuse the request unless it carries ``Authorization: Bearer <token>``."""
-    if token is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), token):
+    if not token_matches(bearer(request), token):
         raise ApiError(401, "missing or wrong control token", "unauthorized")
 
 
@@ -73,12 +86,18 @@ def model_response(model: BaseModel, status: int = 200) -> Response:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def guarded(token: str | None, handler: Handler) -> Handler:
+def guarded(token: str, handler: Handler) -> Handler:
     """``handler`` behind the control token, with :class:`ApiError` answered."""
+    return answered(handler, lambda request: check_token(request, token))
+
+
+def answered(handler: Handler, check: Callable[[Request], None] | None = None) -> Handler:
+    """``handler`` with :class:`ApiError` answered, after ``check`` (which may raise it)."""
 
     async def endpoint(request: Request) -> Response:
         try:
-            check_token(request, token)
+            if check is not None:
+                check(request)
             return await handler(request)
         except ApiError as exc:
             return error_response(exc)

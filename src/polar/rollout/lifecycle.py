@@ -2,8 +2,10 @@
 
 Stages and their pools (sizes from :class:`~polar.rollout.protocol.NodeCapacity`):
 
-1. **prepare** (``prepare`` slots): materialize the workspace, create and start
-   the runtime, run the task's set-up, open the gateway session (its key);
+1. **prepare** (``prepare`` slots): give the session directory its own
+   size-limited filesystem (``workspace_mb``), materialize the workspace, open
+   the gateway session (its key), create and start the runtime (whose relay
+   lets only that key through), run the task's set-up and record the baseline;
 2. **ready**: prepared, waiting for an agent slot — at most ``ahead`` sessions
    wait here, so preparation overlaps running agents without hoarding runtimes;
 3. **run** (``run`` slots): the harness runs; the session's timeout starts
@@ -12,18 +14,23 @@ Stages and their pools (sizes from :class:`~polar.rollout.protocol.NodeCapacity`
 4. **post-run** (``postrun`` slots): build the trajectory from the gateway's
    records, then evaluate;
 5. **teardown**: stop runtimes, drop the session directory (kept on failure
-   by default).
+   by default, marked so a restarted node keeps it).
 
 Outcomes: COMPLETED (built and scored), TIMEOUT (the harness ran past its
 budget: the partial trajectory is built, not scored), ERROR (preparation,
-harness, build or evaluation failed; the reason is kept, and so is whatever
-trajectory could be built), CANCELLED (the whole process tree is killed).
+harness, build or evaluation failed, or the sandbox hit one of its limits;
+the reason is kept, and so is whatever trajectory could be built), CANCELLED
+(the whole process tree is killed).
+
+Evaluation runtimes created for scoring (``fresh_runtime``) get no gateway:
+the agent's key is closed by then, and an evaluator has no model to call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import shutil
 import time
@@ -40,7 +47,10 @@ from polar.rollout.agent import AgentRun, installed_executable, run_agent
 from polar.rollout.conversation import conversation_json
 from polar.rollout.protocol import NodeCapacity, SessionDispatch, SessionResult, SessionStatus
 from polar.runtime.base import GatewayAddress, Runtime, RuntimeSpec
+from polar.runtime.disk import SizedDir
 from polar.runtime.registry import create_runtime
+from polar.tasks.baseline import Baseline
+from polar.tasks.model import ImageWorkspace
 from polar.tasks.workspace import materialize, run_setup, runtime_spec_for, workspace_path
 from polar.trajectory import BuildConfig, Trajectory, resolve_builder, row_of, samples_of
 
@@ -66,6 +76,23 @@ class PipelineSettings:
     model: str = "policy"
     prepare_timeout_s: float = 900.0
     keep_sessions: KeepPolicy = "failed"
+    workspace_mb: int | None = None
+    """Each session directory's size limit (its own filesystem); None: unlimited."""
+
+
+KEPT_MARKER = ".polar-kept"
+"""In a session directory kept on purpose: a restarted node leaves it alone."""
+
+
+def stale_session_dirs(sessions_dir: Path) -> list[Path]:
+    """Session directories a killed node left mid-session (not marked as kept)."""
+    if not sessions_dir.is_dir():
+        return []
+    return [
+        path
+        for path in sessions_dir.iterdir()
+        if path.is_dir() and not path.name.startswith(".") and not (path / KEPT_MARKER).exists()
+    ]
 
 
 @dataclass(slots=True)
@@ -79,6 +106,8 @@ class NodeSession:
     prewarmed: asyncio.Task[Runtime] | None = None
     api_key: str | None = None
     gateway_open: bool = False
+    disks: list[SizedDir] = field(default_factory=list)
+    baseline: Baseline | None = None
     result: SessionResult | None = None
     task: asyncio.Task[SessionResult] | None = None
     reported: bool = False
@@ -148,6 +177,7 @@ class Pipeline:
             async with self._post:
                 self._enter(s, SessionStatus.BUILDING)
                 trajectory = await self._build(s)
+                self._check_limits(s)
                 if agent.timed_out:
                     status = SessionStatus.TIMEOUT
                     error = f"the harness ran past its {s.dispatch.session_timeout_s:g} s budget"
@@ -159,6 +189,7 @@ class Pipeline:
                 else:
                     self._enter(s, SessionStatus.EVALUATING)
                     evaluation = await self._evaluate(s)
+                    self._check_limits(s)
                     if trajectory is not None:
                         trajectory = trajectory.with_reward(evaluation.reward)
         except asyncio.CancelledError:
@@ -186,11 +217,8 @@ class Pipeline:
         session_dir = self.settings.sessions_dir / d.session_id
         if session_dir.exists():
             raise SessionFailed(f"session directory {session_dir} already exists")
-        session_dir.mkdir(parents=True)
         try:
             async with asyncio.timeout(self.settings.prepare_timeout_s):
-                s.runtime = await self._runtime_for(s, session_dir)
-                await run_setup(d.task, s.runtime, timeout_s=self.settings.prepare_timeout_s)
                 created = await self.gateway.sessions.create(
                     session_id=d.session_id,
                     metadata={
@@ -202,6 +230,13 @@ class Pipeline:
                         "node_id": self.settings.node_id,
                     },
                 )
+                s.api_key, s.gateway_open = created.api_key, True
+                address = self.settings.gateway_address
+                relayed = GatewayAddress(address.host, address.port, api_key=created.api_key)
+                s.runtime = await self._runtime_for(s, session_dir, relayed)
+                s.baseline = await run_setup(
+                    d.task, s.runtime, timeout_s=self.settings.prepare_timeout_s
+                )
         except TimeoutError:
             raise SessionFailed(
                 f"preparation took longer than {self.settings.prepare_timeout_s:g} s"
@@ -210,15 +245,35 @@ class Pipeline:
             raise
         except Exception as exc:
             raise SessionFailed(f"preparation failed: {exc}") from exc
-        s.api_key, s.gateway_open = created.api_key, True
 
-    async def _runtime_for(self, s: NodeSession, session_dir: Path) -> Runtime:
-        """A started runtime over a fresh copy of the session's task workspace."""
+    async def _runtime_for(
+        self, s: NodeSession, session_dir: Path, gateway: GatewayAddress | None
+    ) -> Runtime:
+        """A started runtime over a fresh copy of the session's task workspace, in a
+        session directory of its own (size-limited when the node says so)."""
         task = s.dispatch.task
-        await asyncio.to_thread(session_dir.mkdir, parents=True, exist_ok=True)
-        await materialize(task, session_dir)
+        if self.settings.workspace_mb is not None:
+            s.disks.append(await SizedDir.create(session_dir, self.settings.workspace_mb))
+        else:
+            await asyncio.to_thread(session_dir.mkdir, parents=True, exist_ok=True)
+        try:
+            await materialize(task, session_dir)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise SessionFailed(
+                    f"the task's workspace does not fit in the session directory's "
+                    f"{self.settings.workspace_mb} MB"
+                ) from None
+            raise
         spec = runtime_spec_for(task, self.settings.runtime)
-        runtime = self._factory(spec, session_dir, self.settings.gateway_address)
+        hidden = [task.hidden_tests.resolve()] if task.hidden_tests is not None else []
+        spec = spec.model_copy(
+            update={
+                "hidden": (*spec.hidden, *hidden),
+                "writable_root": isinstance(task.workspace, ImageWorkspace),
+            }
+        )
+        runtime = self._factory(spec, session_dir, gateway)
         try:
             await runtime.start()
         except BaseException:
@@ -226,6 +281,13 @@ class Pipeline:
                 await runtime.stop()
             raise
         return runtime
+
+    def _check_limits(self, s: NodeSession) -> None:
+        """End the session saying which limit its sandbox hit, if it hit one."""
+        for runtime in (s.runtime, *s.fresh):
+            hit = runtime.limit_hit if runtime is not None else None
+            if hit is not None:
+                raise SessionFailed(hit.message)
 
     async def _run_stage(self, s: NodeSession) -> AgentRun:
         d = s.dispatch
@@ -252,7 +314,7 @@ class Pipeline:
     async def _fresh_copy(self, s: NodeSession) -> Runtime:
         index = len(s.fresh) + (1 if s.prewarmed is not None else 0)
         session_dir = self.settings.sessions_dir / f"{s.id}.eval{index}"
-        runtime = await self._runtime_for(s, session_dir)
+        runtime = await self._runtime_for(s, session_dir, None)
         s.fresh.append(runtime)
         await run_setup(s.dispatch.task, runtime, timeout_s=self.settings.prepare_timeout_s)
         return runtime
@@ -300,7 +362,11 @@ class Pipeline:
             return await self._fresh_copy(s)
 
         ctx = EvalContext(
-            task=d.task, runtime=runtime, fresh_runtime=fresh, timeout_s=d.task.evaluator.timeout_s
+            task=d.task,
+            runtime=runtime,
+            fresh_runtime=fresh,
+            timeout_s=d.task.evaluator.timeout_s,
+            baseline=s.baseline,
         )
         try:
             return await evaluate(ctx)
@@ -316,9 +382,18 @@ class Pipeline:
         runtimes = [r for r in (s.runtime, *s.fresh) if r is not None]
         await asyncio.gather(*(r.stop() for r in runtimes), return_exceptions=True)
         keep = self.settings.keep_sessions
-        if keep == "never" or (keep == "failed" and not failed):
-            for r in runtimes:
-                await asyncio.to_thread(shutil.rmtree, r.session_dir, True)
+        kept = keep == "always" or (keep == "failed" and failed)
+        for sized in s.disks:
+            with contextlib.suppress(Exception):
+                await sized.remove(keep=kept)
+        s.disks.clear()
+        directories = [self.settings.sessions_dir / s.id, *(r.session_dir for r in s.fresh)]
+        for directory in directories:
+            if kept:
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread((directory / KEPT_MARKER).touch)
+            else:
+                await asyncio.to_thread(shutil.rmtree, directory, True)
 
     # ---------------------------------------------------------------- result
 
@@ -348,6 +423,8 @@ class Pipeline:
                 "missing_logprobs": a.missing_logprobs,
                 "quarantined": {k.value: v for k, v in a.quarantined.items()},
                 "breaks": {k.value: v for k, v in a.breaks.items()},
+                "malformed_tool_calls": a.malformed_tool_calls,
+                "delivery_flags": {k.value: v for k, v in a.delivery_flags.items()},
             }
         return SessionResult(
             session_id=d.session_id,

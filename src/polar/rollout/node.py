@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,10 +20,18 @@ from pathlib import Path
 import httpx
 from pydantic import ValidationError
 
+import polar
 from polar.harness import DEFAULT_PATH
 from polar.proxy.gateway import Gateway
 from polar.rollout.config import NodeConfig
-from polar.rollout.lifecycle import NodeSession, Pipeline, PipelineSettings, RuntimeFactory
+from polar.rollout.lifecycle import (
+    NodeSession,
+    Pipeline,
+    PipelineSettings,
+    RuntimeFactory,
+    stale_session_dirs,
+)
+from polar.rollout.policy import check_dispatch
 from polar.rollout.protocol import (
     HeartbeatReply,
     NodeHeartbeat,
@@ -30,16 +39,25 @@ from polar.rollout.protocol import (
     SessionDispatch,
     SessionResult,
 )
+from polar.runtime import cgroups, disk
 from polar.runtime.base import GatewayAddress, Mount, RuntimeSpec
+from polar.runtime.reap import reap
 from polar.runtime.registry import create_runtime
 from polar.trajectory import BuildConfig
 
 _log = logging.getLogger(__name__)
 
 
+POLAR_PACKAGE = Path(polar.__file__).resolve().parent
+"""This package's directory: hidden in every sandbox (it holds the built-in
+tasks' hidden tests and patches, and is under ``sys.prefix`` when installed
+from a wheel)."""
+
+
 def node_runtime_spec(config: NodeConfig) -> RuntimeSpec:
     """The configured runtime plus what every session needs inside: the harness
-    CLIs and (``share_python``, local backend) this node's Python."""
+    CLIs and (``share_python``, local backend) this node's Python; with the
+    node's limits, its id as the owner, and this package hidden."""
     spec = config.runtime
     cache = config.harness_cache.resolve()
     cache.mkdir(parents=True, exist_ok=True)
@@ -50,7 +68,36 @@ def node_runtime_spec(config: NodeConfig) -> RuntimeSpec:
         env.setdefault("PATH", f"{Path(sys.executable).parent}:{DEFAULT_PATH}")
     have = {m.path for m in spec.mounts}
     mounts = (*spec.mounts, *(Mount(path=p) for p in dict.fromkeys(paths) if p not in have))
-    return spec.model_copy(update={"mounts": mounts, "env": env})
+    limits = config.limits
+    return spec.model_copy(
+        update={
+            "mounts": mounts,
+            "env": env,
+            "hidden": (*spec.hidden, POLAR_PACKAGE),
+            "owner": config.node_id,
+            "pids": limits.pids,
+            "memory_mb": limits.memory_mb,
+            "cpus": limits.cpus,
+            "cpu_time_s": limits.cpu_time_s,
+            "tmp_mb": limits.tmp_mb,
+        }
+    )
+
+
+def check_node(config: NodeConfig) -> None:
+    """Refuse to start a node whose sandboxes could not be given its limits
+    (rather than fail every session): raises UnsupportedSpec with the reason."""
+    spec = node_runtime_spec(config)
+    disk.check(config.limits.workspace_mb)
+    if spec.backend == "local" and spec.sandbox:
+        cgroups.check(
+            Path(spec.options["cgroup_root"]) if "cgroup_root" in spec.options else None,
+            cgroups.Limits(spec.cpus, spec.memory_mb, spec.pids, spec.cpu_time_s),
+        )
+
+
+class NotStarted(Exception):
+    """The node's API answered before the node started."""
 
 
 class DispatchConflict(Exception):
@@ -91,9 +138,13 @@ class Node:
         return self._pipeline
 
     async def start(self, address: GatewayAddress) -> None:
-        """Start serving; ``address`` is where this node's gateway listens."""
+        """Start serving; ``address`` is where this node's gateway listens.
+
+        First removes what a killed instance of this node left (its containers,
+        cgroups, state directories, mounted session directories, and session
+        directories that were not kept on purpose)."""
         c = self.config
-        self.url = c.public_url or f"http://{address.host}:{address.port}"
+        await self._reap()
         self._pipeline = Pipeline(
             PipelineSettings(
                 node_id=c.node_id,
@@ -106,15 +157,39 @@ class Node:
                 model=c.model,
                 prepare_timeout_s=c.prepare_timeout_s,
                 keep_sessions=c.keep_sessions,
+                workspace_mb=c.limits.workspace_mb,
             ),
             self.gateway,
             runtime_factory=self._factory,
             on_change=self._on_change,
         )
-        headers = {"authorization": f"Bearer {c.control_token}"} if c.control_token else {}
+        headers = {"authorization": f"Bearer {c.control_token}"}
         self._http = httpx.AsyncClient(headers=headers, timeout=30)
         if c.server_url:
             self._loops.append(asyncio.ensure_future(self._heartbeats()))
+
+    async def _reap(self) -> None:
+        sessions_dir = self.config.sessions_dir.resolve()
+        root = self.config.runtime.options.get("cgroup_root")
+        reaped = await reap(
+            self.config.node_id,
+            cgroup_root=Path(root) if root is not None else None,
+            sessions_dir=sessions_dir,
+        )
+        stale = await asyncio.to_thread(stale_session_dirs, sessions_dir)
+        for path in stale:
+            await asyncio.to_thread(shutil.rmtree, path, True)
+        if reaped.total or stale:
+            _log.warning(
+                "node %s: removed what a killed instance left: %d containers, %d cgroups, "
+                "%d state directories, %d session mounts, %d session directories",
+                self.config.node_id,
+                reaped.containers,
+                reaped.cgroups,
+                reaped.state_dirs,
+                reaped.disks,
+                len(stale),
+            )
 
     async def stop(self) -> None:
         """Cancel every session (killing its processes) and stop; results not yet
@@ -133,7 +208,11 @@ class Node:
     # ---------------------------------------------------------------- sessions
 
     def dispatch(self, d: SessionDispatch) -> NodeSession:
-        """Take a session (idempotent for the same dispatch)."""
+        """Take a session (idempotent for the same dispatch) if the node's policy
+        allows what it asks for (:class:`PolicyViolation` otherwise)."""
+        if self._pipeline is None:
+            raise NotStarted(f"node {self.config.node_id} is starting")
+        check_dispatch(d, self.config)
         held = self.sessions.get(d.session_id)
         if held is not None:
             if held.dispatch.task_id != d.task_id:

@@ -1,24 +1,35 @@
-"""A gateway node's ``/node`` API, served next to its gateway's routes.
+"""A gateway node's API, on its own port, apart from the gateway's.
+
+The gateway's port is what sandboxes reach (through their relay); this API
+must be out of their reach, so it listens elsewhere (``control_host:
+control_port``) and every route but ``/health`` wants the control token.
 
 ``POST /node/sessions`` takes a :class:`SessionDispatch` (idempotent per
-session id); ``GET /node/sessions[/{id}]`` reports statuses and finished
-results; ``POST /node/sessions/{id}/cancel`` kills a session;
-``DELETE /node/sessions/{id}`` acknowledges a finished one (the node forgets
-it). Every route but ``/node/health`` wants the control token.
+session id) if the node's policy allows what it asks for (403 otherwise);
+``GET /node/sessions[/{id}]`` reports statuses and finished results;
+``POST /node/sessions/{id}/cancel`` kills a session; ``DELETE
+/node/sessions/{id}`` acknowledges a finished one (the node forgets it);
+``GET /node/health`` reports the node's load.
+
+The node itself starts and stops with its gateway (an :class:`Extension` of
+the gateway's app, with no routes), since it needs the gateway running.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from polar.proxy.app import Extension
-from polar.rollout.http import ApiError, body_of, guarded
+from polar.rollout.http import ApiError, body_of, guarded, not_found
 from polar.rollout.lifecycle import NodeSession
-from polar.rollout.node import DispatchConflict, Node
+from polar.rollout.node import DispatchConflict, Node, NotStarted
+from polar.rollout.policy import PolicyViolation
 from polar.rollout.protocol import SessionDispatch
 from polar.runtime.base import GatewayAddress
 
@@ -33,7 +44,16 @@ def session_json(s: NodeSession) -> dict[str, object]:
 
 
 def node_extension(node: Node, address: Callable[[], GatewayAddress]) -> Extension:
-    """The node's routes, started with the gateway (``address``: where it listens)."""
+    """The node's life, tied to its gateway's (``address``: where the gateway listens)."""
+
+    async def start() -> None:
+        await node.start(address())
+
+    return Extension(routes=(), start=start, stop=node.stop)
+
+
+def create_node_app(node: Node) -> Starlette:
+    """The node's API (see the module docstring)."""
     token = node.config.control_token
 
     def held(request: Request) -> NodeSession:
@@ -44,6 +64,9 @@ def node_extension(node: Node, address: Callable[[], GatewayAddress]) -> Extensi
         return s
 
     async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def load(request: Request) -> Response:
         return JSONResponse(
             {
                 "node_id": node.config.node_id,
@@ -56,8 +79,12 @@ def node_extension(node: Node, address: Callable[[], GatewayAddress]) -> Extensi
         d = await body_of(request, SessionDispatch)
         try:
             s = node.dispatch(d)
+        except PolicyViolation as exc:
+            raise ApiError(403, str(exc), "forbidden") from None
         except DispatchConflict as exc:
             raise ApiError(409, str(exc), "conflict") from None
+        except NotStarted as exc:
+            raise ApiError(503, str(exc), "unavailable") from None
         return JSONResponse(session_json(s), status_code=202)
 
     async def listing(request: Request) -> Response:
@@ -77,16 +104,20 @@ def node_extension(node: Node, address: Callable[[], GatewayAddress]) -> Extensi
             raise ApiError(409, f"session {s.id} is still {s.status.value}", "conflict")
         return Response(status_code=204)
 
-    routes = [
-        Route("/node/health", health, methods=["GET"]),
-        Route("/node/sessions", guarded(token, dispatch), methods=["POST"]),
-        Route("/node/sessions", guarded(token, listing), methods=["GET"]),
-        Route("/node/sessions/{session_id}", guarded(token, one), methods=["GET"]),
-        Route("/node/sessions/{session_id}", guarded(token, forget), methods=["DELETE"]),
-        Route("/node/sessions/{session_id}/cancel", guarded(token, cancel), methods=["POST"]),
-    ]
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
 
-    async def start() -> None:
-        await node.start(address())
-
-    return Extension(routes=routes, start=start, stop=node.stop)
+    return Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/node/health", guarded(token, load), methods=["GET"]),
+            Route("/node/sessions", guarded(token, dispatch), methods=["POST"]),
+            Route("/node/sessions", guarded(token, listing), methods=["GET"]),
+            Route("/node/sessions/{session_id}", guarded(token, one), methods=["GET"]),
+            Route("/node/sessions/{session_id}", guarded(token, forget), methods=["DELETE"]),
+            Route("/node/sessions/{session_id}/cancel", guarded(token, cancel), methods=["POST"]),
+        ],
+        exception_handlers={404: not_found, 405: not_found},
+        lifespan=lifespan,
+    )

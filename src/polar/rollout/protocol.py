@@ -84,6 +84,9 @@ class TaskSubmission(_Model):
     max_resamples: int = Field(default=0, ge=0, le=1024)
     """Extra sessions the server may start to replace errored or timed-out ones."""
     callback_url: str | None = None
+    callback_secret: str | None = Field(default=None, min_length=16, max_length=512, repr=False)
+    """The key the task's callback is signed with (default: the control token);
+    see :mod:`polar.rollout.callbacks`. Never shown back."""
     group_id: str | None = Field(default=None, pattern=ID_PATTERN)
     policy_version: int | None = None
     all_traces: bool = False
@@ -184,6 +187,9 @@ class TaskView(_Model):
     counts: dict[str, int] = Field(default_factory=dict)
     mean_reward: float | None = None
     callback_error: str | None = None
+    access_token: str | None = None
+    """Only in the answer to the submission: a token that reads this task (its
+    view, result and events) and nothing else, to hand to whoever consumes it."""
 
 
 class TaskResult(_Model):

@@ -17,13 +17,22 @@ cancelled (no orphans); a dispatched session a node no longer lists is
 reported lost. After a restart, queued sessions resume, dispatched ones are
 reconciled with their node's heartbeats once it re-registers, and those whose
 node never comes back are reported as lost.
+
+**Credentials.** Every route but ``/health`` wants the control token; the
+routes that read one task (its view, result and events) also take that task's
+own read token, handed out once in the answer to its submission (stored as a
+SHA-256 digest). Callbacks carry no token: their body is signed
+(:mod:`polar.rollout.callbacks`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -35,9 +44,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from polar.rollout.callbacks import signed_headers
 from polar.rollout.config import ServerConfig
 from polar.rollout.events import EventHub
-from polar.rollout.http import ApiError, body_of, guarded, model_response, not_found
+from polar.rollout.http import (
+    ApiError,
+    answered,
+    bearer,
+    body_of,
+    guarded,
+    model_response,
+    not_found,
+    token_matches,
+)
 from polar.rollout.protocol import (
     HeartbeatReply,
     NodeHeartbeat,
@@ -81,14 +100,17 @@ class RolloutServer:
         self._loops: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self._http: httpx.AsyncClient | None = None
+        """For nodes: carries the control token."""
+        self._callbacks: httpx.AsyncClient | None = None
+        """For callback URLs: carries no credential."""
         self._started_at = time.monotonic()
 
     # ---------------------------------------------------------------- life
 
     async def start(self) -> None:
-        token = self.config.control_token
-        headers = {"authorization": f"Bearer {token}"} if token else {}
+        headers = {"authorization": f"Bearer {self.config.control_token}"}
         self._http = httpx.AsyncClient(headers=headers, timeout=30)
+        self._callbacks = httpx.AsyncClient(timeout=30)
         self._started_at = time.monotonic()
         self._recover()
         self._loops = [
@@ -101,8 +123,9 @@ class RolloutServer:
         for task in [*self._loops, *self._background]:
             task.cancel()
         await asyncio.gather(*self._loops, *self._background, return_exceptions=True)
-        if self._http is not None:
-            await self._http.aclose()
+        for client in (self._http, self._callbacks):
+            if client is not None:
+                await client.aclose()
         self.store.close()
 
     def _recover(self) -> None:
@@ -126,11 +149,13 @@ class RolloutServer:
 
     # ---------------------------------------------------------------- tasks
 
-    def submit(self, submission: TaskSubmission) -> str:
+    def submit(self, submission: TaskSubmission) -> tuple[str, str]:
+        """Store a submission; its task id and its read token (shown once)."""
         task_id = submission.task_id or f"t-{uuid.uuid4().hex[:16]}"
         if self.store.task(task_id) is not None:
             raise ApiError(409, f"task {task_id} already exists", "conflict")
-        self.store.add_task(task_id, submission)
+        token = secrets.token_urlsafe(32)
+        self.store.add_task(task_id, submission, hashlib.sha256(token.encode()).hexdigest())
         self.events.publish(
             "task.submitted",
             task_id=task_id,
@@ -138,7 +163,14 @@ class RolloutServer:
             num_samples=submission.num_samples,
         )
         self._wake.set()
-        return task_id
+        return task_id, token
+
+    def may_read(self, task_id: str, given: bytes | None) -> bool:
+        """Whether ``given`` (a bearer token) is ``task_id``'s own read token."""
+        digest = self.store.token_sha256(task_id)
+        if given is None or digest is None:
+            return False
+        return hmac.compare_digest(hashlib.sha256(given).hexdigest().encode(), digest.encode())
 
     async def cancel_task(self, task_id: str) -> None:
         t = self.store.task(task_id)
@@ -210,15 +242,19 @@ class RolloutServer:
             self._finished.notify_all()
 
     async def _callback(self, task_id: str) -> None:
+        """POST the task's result to its callback URL, signed, without a token."""
         t = self.store.task(task_id)
         result = self.store.result(task_id)
-        if t is None or result is None or not t.submission.callback_url or self._http is None:
+        url = t.submission.callback_url if t is not None else None
+        if t is None or result is None or url is None or self._callbacks is None:
             return
+        body = result.model_dump_json().encode()
+        secret = t.submission.callback_secret or self.config.control_token
         wait, error = 1.0, None
         for attempt in range(1, self.config.callback_attempts + 1):
             try:
-                reply = await self._http.post(
-                    t.submission.callback_url, content=result.model_dump_json()
+                reply = await self._callbacks.post(
+                    url, content=body, headers=signed_headers(body, secret)
                 )
                 if reply.status_code < 300:
                     self.store.update_task(task_id, callback_done=1, callback_error=None)
@@ -471,7 +507,7 @@ class RolloutServer:
             self.store.set_session(s.session_id, SessionStatus.QUEUED, clear_node=True)
             return False
         if reply.status_code >= 400:
-            self._lost(s.session_id, f"node {node.id} refused the session: {reply.text[:300]}")
+            self._lost(s.session_id, f"node {node.id} refused the session: {_reason(reply)}")
             return False
         self._session_event(s.session_id)
         return True
@@ -498,11 +534,28 @@ class RolloutServer:
                 self._lost(s.session_id, f"node {s.node_id} stopped answering")
 
 
+def _reason(reply: httpx.Response) -> str:
+    """The one-line message of an API error answer (its body's start otherwise)."""
+    try:
+        return str(reply.json()["error"]["message"])[:500]
+    except (ValueError, KeyError, TypeError):
+        return reply.text[:300]
+
+
 # -------------------------------------------------------------------- HTTP
 
 
 def create_server_app(server: RolloutServer) -> Starlette:
     token = server.config.control_token
+
+    def reader(request: Request) -> None:
+        """The control token, or the read token of the task in the path."""
+        given = bearer(request)
+        if token_matches(given, token):
+            return
+        if server.may_read(request.path_params.get("task_id", ""), given):
+            return
+        raise ApiError(401, "missing or wrong token", "unauthorized")
 
     def task_id_of(request: Request) -> str:
         task_id: str = request.path_params["task_id"]
@@ -511,14 +564,14 @@ def create_server_app(server: RolloutServer) -> Starlette:
         return task_id
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "nodes": len(server.nodes)})
+        return JSONResponse({"status": "ok"})
 
     async def submit(request: Request) -> Response:
         submission = await body_of(request, TaskSubmission)
-        task_id = server.submit(submission)
+        task_id, access = server.submit(submission)
         view = server.store.view(task_id)
         assert view is not None
-        return model_response(view, 201)
+        return model_response(view.model_copy(update={"access_token": access}), 201)
 
     async def listing(request: Request) -> Response:
         status = request.query_params.get("status")
@@ -606,15 +659,18 @@ def create_server_app(server: RolloutServer) -> Starlette:
     def r(path: str, handler: object, method: str) -> Route:
         return Route(path, guarded(token, handler), methods=[method])  # type: ignore[arg-type]
 
+    def read(path: str, handler: object) -> Route:
+        return Route(path, answered(handler, reader), methods=["GET"])  # type: ignore[arg-type]
+
     return Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
             r("/tasks", submit, "POST"),
             r("/tasks", listing, "GET"),
-            r("/tasks/{task_id}", one, "GET"),
-            r("/tasks/{task_id}/result", result, "GET"),
+            read("/tasks/{task_id}", one),
+            read("/tasks/{task_id}/result", result),
             r("/tasks/{task_id}/cancel", cancel, "POST"),
-            r("/tasks/{task_id}/events", task_events, "GET"),
+            read("/tasks/{task_id}/events", task_events),
             r("/events", all_events, "GET"),
             r("/nodes", nodes, "GET"),
             r("/nodes/register", register, "POST"),

@@ -49,6 +49,10 @@ CREATE TABLE IF NOT EXISTS sessions (
     result TEXT,
     UNIQUE (task_id, sample_index)
 );
+CREATE TABLE IF NOT EXISTS task_tokens (
+    task_id TEXT PRIMARY KEY REFERENCES tasks(task_id),
+    token_sha256 TEXT NOT NULL
+);
 CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status);
 CREATE INDEX IF NOT EXISTS sessions_by_task ON sessions (task_id);
 """
@@ -97,13 +101,18 @@ class RolloutStore:
 
     # ---------------------------------------------------------------- writes
 
-    def add_task(self, task_id: str, submission: TaskSubmission) -> None:
+    def add_task(self, task_id: str, submission: TaskSubmission, token_sha256: str) -> None:
+        """Store a submitted task, its queued sessions, and the digest of its read token."""
         now = time.time()
         with self._db:
             self._db.execute("BEGIN")
             self._db.execute(
                 "INSERT INTO tasks (task_id, submission, status, created_at) VALUES (?, ?, ?, ?)",
                 (task_id, submission.model_dump_json(), TaskStatus.RUNNING.value, now),
+            )
+            self._db.execute(
+                "INSERT INTO task_tokens (task_id, token_sha256) VALUES (?, ?)",
+                (task_id, token_sha256),
             )
             for index in range(submission.num_samples):
                 self._insert_session(task_id, index, now)
@@ -189,6 +198,12 @@ class RolloutStore:
         )
 
     # ---------------------------------------------------------------- reads
+
+    def token_sha256(self, task_id: str) -> str | None:
+        row = self._db.execute(
+            "SELECT token_sha256 FROM task_tokens WHERE task_id = ?", (task_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
 
     def task(self, task_id: str) -> TaskRow | None:
         row = self._db.execute("SELECT * FROM tasks WHERE task_id = ?", (task_id,)).fetchone()

@@ -14,7 +14,8 @@ directory), with a writable layer (``--overlay <options.overlay>`` or else
 paths, the state directory read-only at ``/run/polar``. Network: ``--net
 --network none`` for ``gateway_only`` and ``none``; the host's for ``host``.
 Limits: ``--cpus``, ``--memory``, ``--pids-limit`` (cgroups: root, or a
-cgroups v2 delegation). The init runs through a long-lived ``apptainer exec
+cgroups v2 delegation); ``cpu_time_s``, ``tmp_mb`` and ``hidden`` are refused
+(nothing here could enforce or check them). The init runs through a long-lived ``apptainer exec
 instance://...`` (an instance cannot be given a command of its own), every
 command through ``apptainer exec --cleanenv instance://...``, so nothing of
 the caller's environment reaches it. Stop is ``apptainer instance stop
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from polar.runtime.base import GatewayAddress, NetworkPolicy, RuntimeSpec
 from polar.runtime.containers import ContainerRuntime, run_cli
-from polar.runtime.errors import RuntimeStartError
+from polar.runtime.errors import RuntimeStartError, UnsupportedSpec
 from polar.runtime.statedir import RW_INSIDE, STATE_INSIDE, StateDir
 
 STOP_TIMEOUT_S = 30.0
@@ -48,6 +49,12 @@ class ApptainerRuntime(ContainerRuntime):
         self, spec: RuntimeSpec, session_dir: Path, gateway: GatewayAddress | None
     ) -> None:
         super().__init__(spec, session_dir, gateway)
+        unsupported = [name for name in ("cpu_time_s", "tmp_mb", "hidden") if getattr(spec, name)]
+        if unsupported:
+            raise UnsupportedSpec(
+                f"apptainer runtime cannot enforce {', '.join(unsupported)}; "
+                "set them to null for this backend"
+            )
         self.name = f"polar-{uuid.uuid4().hex[:16]}"
         self.binary = spec.options.get("binary", "apptainer")
         self._instance = False

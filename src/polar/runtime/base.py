@@ -16,9 +16,16 @@ to the process inside. A task whose workspace lives in the image (e.g. a
 SWE-bench image's ``/testbed``) sets :attr:`RuntimeSpec.workdir` to that path.
 
 **Network.** With :attr:`NetworkPolicy.GATEWAY_ONLY` the process inside reaches
-nothing but the gateway: the runtime exposes it at :attr:`Runtime.gateway_url`
-(a loopback address inside the sandbox, relayed over a Unix socket to the real
-gateway). ``NONE`` gives loopback only; ``HOST`` shares the host's network.
+nothing but the gateway's model API: the runtime exposes it at
+:attr:`Runtime.gateway_url` (a loopback address inside the sandbox, relayed over
+a Unix socket to the real gateway by a relay that lets only model calls with the
+session's key through, :mod:`polar.runtime.relay`). ``NONE`` gives loopback
+only; ``HOST`` shares the host's network.
+
+**Limits.** ``cpus``, ``memory_mb``, ``pids``, ``cpu_time_s`` and ``tmp_mb`` are
+enforced by the kernel (cgroups, a size-limited tmpfs) or the spec is refused
+(:class:`~polar.runtime.errors.UnsupportedSpec`); the runtime also watches them
+and reports the first one hit (:attr:`Runtime.limit_hit`), killing what runs.
 
 **Processes.** :meth:`Runtime.exec` runs one command to completion (or its
 timeout), with only the environment it is given plus the runtime's own
@@ -33,7 +40,7 @@ it; it is idempotent and never raises for a sandbox that is already gone.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
@@ -72,8 +79,15 @@ class RuntimeSpec(BaseModel):
     """``local`` only: False runs plain subprocesses (no bubblewrap)."""
     network: NetworkPolicy = NetworkPolicy.GATEWAY_ONLY
     cpus: float | None = Field(default=None, gt=0)
+    """CPU bandwidth: how many CPUs' worth of time per wall second."""
     memory_mb: int | None = Field(default=None, gt=0)
+    """Memory of the whole sandbox (swap included); past it the kernel kills a process."""
     pids: int | None = Field(default=None, gt=0)
+    """Processes and threads of the whole sandbox; past it ``fork`` fails."""
+    cpu_time_s: float | None = Field(default=None, gt=0)
+    """CPU seconds every process of the sandbox may use together."""
+    tmp_mb: int | None = Field(default=None, gt=0)
+    """Size of the sandbox's ``/tmp`` (and ``/var/tmp``, which leads to it)."""
     env: dict[str, str] = Field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
     binds: tuple[str, ...] = ()
@@ -84,6 +98,30 @@ class RuntimeSpec(BaseModel):
     """Where commands run by default; None means ``<session_dir>/workspace``."""
     options: dict[str, str] = Field(default_factory=dict)
     """Backend-specific settings (e.g. ``binary: podman``, ``runtime: runc``)."""
+    writable_root: bool = True
+    """Containers: False mounts the image read-only, so only the session
+    directory, binds, rw mounts and ``/tmp`` can be written (the local sandbox's
+    root is always read-only)."""
+    hidden: tuple[Path, ...] = ()
+    """Host paths that must not be visible inside even where a mount or a system
+    directory contains them (hidden tests, the package holding them): each is
+    covered by an empty read-only directory."""
+    owner: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+    """Who creates the runtime (a node id): what the runtime leaves on the host
+    (containers, cgroups, state directories) carries it, so that a restarted
+    owner can find and remove what a killed one left (:mod:`polar.runtime.reap`)."""
+
+    def asked(self) -> frozenset[str]:
+        """The fields this spec sets to something other than their default: what a
+        task's own runtime section asks of a node. Not ``model_fields_set``, which
+        a JSON round trip of the whole model (client, server, store, node) fills
+        with every field."""
+        return frozenset(
+            name
+            for name in self.model_fields_set
+            if getattr(self, name)
+            != type(self).model_fields[name].get_default(call_default_factory=True)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +193,33 @@ class Runtime(Protocol):
         """Kill every command running inside now (their exec returns cancelled)."""
         ...
 
+    @property
+    def limit_hit(self) -> LimitHit | None:
+        """The first limit the sandbox ran into, if any. The runtime watches its
+        limits while it runs; when one is hit, every running command is killed
+        (their exec returns cancelled) and this says which and why."""
+        ...
+
     async def stop(self) -> None:
         """Kill everything and free the sandbox; idempotent."""
         ...
+
+
+class LimitKind(StrEnum):
+    PIDS = "pids"
+    MEMORY = "memory"
+    CPU_TIME = "cpu_time"
+    TMP = "tmp"
+    DISK = "disk"
+    """The session directory's size-limited filesystem (:mod:`polar.runtime.disk`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LimitHit:
+    kind: LimitKind
+    message: str
+    """One line for people, e.g. ``the sandbox hit its memory limit (512 MB): a
+    process was killed``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +228,9 @@ class GatewayAddress:
 
     host: str
     port: int
+    api_key: str | None = field(default=None, repr=False)
+    """The only key the relay lets through (the session's own); None: any key
+    (the gateway still checks it). Nodes always set it."""
 
 
 RuntimeFactory = Callable[[RuntimeSpec, Path, GatewayAddress | None], Runtime]

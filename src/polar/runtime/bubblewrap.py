@@ -28,9 +28,12 @@ to run (users, hosts, name service switch, TLS certificates, alternatives,
 loader cache; no ``resolv.conf``: there is no DNS to ask), the spec's read-only
 mounts, the state directory. Read-write: the session directory and the binds
 (each backed by ``<session_dir>/binds/<path>``), rw mounts. Fresh: ``/dev``
-(bubblewrap's minimal set), ``/proc`` of the new PID namespace, tmpfs ``/tmp``
-and ``/var/tmp``; the root itself is read-only. Nothing else of the host
-exists inside.
+(bubblewrap's minimal set), ``/proc`` of the new PID namespace (bubblewrap
+keeps ``/proc/sys`` and ``/proc/sysrq-trigger`` read-only), a tmpfs ``/tmp`` of
+``tmp_mb`` (``/var/tmp`` leads there); the root itself is read-only. Hidden
+paths (hidden tests, the package holding the built-in tasks) are covered by an
+empty read-only directory where a system directory or mount would show them.
+Nothing else of the host exists inside.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from polar.runtime.base import Mount, NetworkPolicy
 from polar.runtime.cgroups import Cgroup
 from polar.runtime.commands import Pipes, Supervisor
 from polar.runtime.errors import RuntimeFailure, RuntimeStartError
+from polar.runtime.limits import children
 from polar.runtime.statedir import RW_INSIDE, SCRIPT_INSIDE, SOCKET_INSIDE, STATE_INSIDE, StateDir
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -90,11 +94,15 @@ def bwrap_argv(
     control_fd: int,
     forward: bool,
     unprivileged: bool,
+    tmp_mb: int | None = None,
+    hidden: Sequence[Path] = (),
     host_root: Path = Path("/"),
 ) -> list[str]:
     """The bubblewrap command line that starts a sandbox's init.
 
-    ``binds`` are (host backing directory, path inside) pairs; ``host_root``
+    ``binds`` are (host backing directory, path inside) pairs; ``hidden`` are
+    host paths covered by an empty read-only directory (or ``/dev/null`` for a
+    file) wherever a system directory or mount would show them; ``host_root``
     is where the host's system directories are looked up (tests).
     """
     argv = [
@@ -127,7 +135,10 @@ def bwrap_argv(
             argv += ["--ro-bind", str(host), name]
     for entry in ETC_ENTRIES:
         argv += ["--ro-bind-try", str(host_root / "etc" / entry), f"/etc/{entry}"]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp"]
+    argv += ["--dev", "/dev", "--proc", "/proc"]
+    if tmp_mb is not None:
+        argv += ["--size", str(tmp_mb * 2**20)]
+    argv += ["--perms", "1777", "--tmpfs", "/tmp", "--symlink", "../tmp", "/var/tmp"]
     # Later mounts go on top of earlier ones: the session directory and mounts
     # may live under /tmp, so they come after the tmpfs.
     argv += ["--bind", str(session_dir), str(session_dir)]
@@ -137,6 +148,21 @@ def bwrap_argv(
     for backing, path in binds:
         argv += ["--bind", str(backing), path]
     argv += ["--ro-bind", str(state.path), STATE_INSIDE, "--bind", str(state.rw), RW_INSIDE]
+    visible = [Path(name) for name in SYSTEM_DIRS] + [mount.path for mount in mounts]
+    for hidden_path in hidden:
+        if not any(hidden_path == root or hidden_path.is_relative_to(root) for root in visible):
+            continue  # not visible anyway
+        if hidden_path.is_dir():
+            argv += [
+                "--perms",
+                "0555",
+                "--tmpfs",
+                str(hidden_path),
+                "--remount-ro",
+                str(hidden_path),
+            ]
+        elif hidden_path.exists():
+            argv += ["--ro-bind", "/dev/null", str(hidden_path)]
     argv += ["--remount-ro", "/", "--chdir", "/", python, "-I", "-S", SCRIPT_INSIDE, "init"]
     argv += ["--control-fd", str(control_fd)]
     if forward:
@@ -204,6 +230,12 @@ class BwrapSandbox:
     @property
     def port(self) -> int:
         return self._ready.result()
+
+    @property
+    def init_pid(self) -> int | None:
+        """The host pid of the sandbox's init (bubblewrap's one child), if found."""
+        found = children(self._process.pid)
+        return found[0] if len(found) == 1 else None
 
     async def launch(self, number: int) -> Supervisor:
         """Have the init spawn the supervisor of command ``number``."""

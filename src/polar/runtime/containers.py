@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,12 +32,14 @@ from polar.runtime import layout, statedir
 from polar.runtime.base import (
     ExecResult,
     GatewayAddress,
+    LimitHit,
     NetworkPolicy,
     OutputHandler,
     RuntimeSpec,
 )
 from polar.runtime.commands import Commands, Pipes, Supervisor
 from polar.runtime.errors import RuntimeNotStarted, RuntimeStartError, UnsupportedSpec
+from polar.runtime.limits import LimitWatch
 from polar.runtime.relay import GatewayRelay
 from polar.runtime.statedir import SCRIPT_INSIDE, StateDir
 
@@ -124,6 +126,7 @@ class ContainerRuntime:
         self._state: StateDir | None = None
         self._relay: GatewayRelay | None = None
         self._port: int | None = None
+        self._watch: LimitWatch | None = None
         self._started = False
         self._stopped = False
         self._commands = Commands(self._launch)
@@ -157,7 +160,7 @@ class ContainerRuntime:
         if self._started:
             return
         layout.prepare(self._session_dir, self._backings)
-        self._state = StateDir.create()
+        self._state = StateDir.create(self._session_dir, self._spec.owner)
         self._state.rw.chmod(0o777)
         try:
             if self.forwards and self._gateway is not None:
@@ -167,10 +170,22 @@ class ContainerRuntime:
             port = await self._wait_ready(self._state)
             if self.forwards:
                 self._port = port
+            check = await self._limit_check()
+            if check is not None:
+                self._watch = LimitWatch(check, self._commands.cancel_all)
+                self._watch.start()
         except BaseException:
             await self._teardown()
             raise
         self._started = True
+
+    @property
+    def limit_hit(self) -> LimitHit | None:
+        return self._watch.poll() if self._watch is not None else None
+
+    async def _limit_check(self) -> Callable[[], LimitHit | None] | None:
+        """How to read the running container's limits (None: not watched)."""
+        return None
 
     async def _wait_ready(self, state: StateDir) -> int:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -232,6 +247,9 @@ class ContainerRuntime:
         await self._teardown()
 
     async def _teardown(self) -> None:
+        if self._watch is not None:
+            self._watch.poll()
+            await self._watch.stop()
         await self._destroy()
         if self._relay is not None:
             await self._relay.stop()

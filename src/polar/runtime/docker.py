@@ -8,7 +8,13 @@ and the binds' backing directories are bind-mounted at their paths
 ``--network none`` for ``gateway_only`` (the gateway arrives over the
 relay socket) and ``none``; ``--network host`` for ``host``. Limits map to
 ``--cpus``, ``--memory``/``--memory-swap`` (no swap beyond the limit) and
-``--pids-limit``; ``--ulimit`` values come from ``options.ulimits``
+``--pids-limit``; ``cpu_time_s`` is watched through the container's cgroup
+(:mod:`polar.runtime.limits`); ``tmp_mb`` sizes tmpfs ``/tmp`` and
+``/var/tmp``; ``writable_root: false`` mounts the image read-only
+(``--read-only``), so that only the session directory, binds, rw mounts and
+the temporary directories can be written; hidden paths under a mount are
+covered by an empty read-only tmpfs; ``owner`` becomes the label
+``polar.owner``. ``--ulimit`` values come from ``options.ulimits``
 (default ``nofile=1024:1024,nproc=1024:1024``: a rootful engine whose
 caller lacks CAP_SYS_RESOURCE, like podman as root in an unprivileged
 container, cannot raise the container's limits to its defaults; an empty
@@ -24,14 +30,20 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
-from polar.runtime.base import GatewayAddress, NetworkPolicy, RuntimeSpec
+from polar.runtime import cgroups
+from polar.runtime.base import GatewayAddress, LimitHit, LimitKind, NetworkPolicy, RuntimeSpec
+from polar.runtime.cgroups import Limits
 from polar.runtime.containers import CliResult, ContainerRuntime, run_cli
 from polar.runtime.errors import RuntimeStartError
+from polar.runtime.limits import SizedPath, checks, session_disk
 from polar.runtime.statedir import RW_INSIDE, STATE_INSIDE, StateDir
 
 CLIENTS = ("docker", "podman")
+OWNER_LABEL = "polar.owner"
+"""The label naming a container's owner (``RuntimeSpec.owner``), for reaping."""
 DEFAULT_ULIMITS = "nofile=1024:1024,nproc=1024:1024"
 STOP_TIMEOUT_S = 30.0
 
@@ -71,6 +83,8 @@ class DockerRuntime(ContainerRuntime):
         spec = self._spec
         assert spec.image is not None
         argv = [binary, "create", "--name", self.name, "--label", "polar.runtime=docker"]
+        if spec.owner is not None:
+            argv += ["--label", f"{OWNER_LABEL}={spec.owner}"]
         if "runtime" in spec.options:
             argv += ["--runtime", spec.options["runtime"]]
         network = "host" if spec.network is NetworkPolicy.HOST else "none"
@@ -83,6 +97,12 @@ class DockerRuntime(ContainerRuntime):
             argv += ["--pids-limit", str(spec.pids)]
         for ulimit in filter(None, spec.options.get("ulimits", DEFAULT_ULIMITS).split(",")):
             argv += ["--ulimit", ulimit.strip()]
+        if not spec.writable_root:
+            argv += ["--read-only", "--read-only-tmpfs=false"]
+        if spec.tmp_mb is not None or not spec.writable_root:
+            size = f",size={spec.tmp_mb}m" if spec.tmp_mb is not None else ""
+            for path in ("/tmp", "/var/tmp"):
+                argv += ["--tmpfs", f"{path}:rw,nosuid,nodev,mode=1777{size}"]
         session = str(self._session_dir)
         argv += ["-v", f"{session}:{session}:rw"]
         for mount in spec.mounts:
@@ -91,6 +111,10 @@ class DockerRuntime(ContainerRuntime):
         for backing, path in self._backings:
             argv += ["-v", f"{backing}:{path}:rw"]
         argv += ["-v", f"{state.path}:{STATE_INSIDE}:ro", "-v", f"{state.rw}:{RW_INSIDE}:rw"]
+        mounted = [mount.path for mount in spec.mounts]
+        for hidden in spec.hidden:
+            if any(hidden == root or hidden.is_relative_to(root) for root in mounted):
+                argv += ["--tmpfs", f"{hidden}:ro,size=4k,mode=0555,notmpcopyup"]
         argv += ["--entrypoint", self._python, "--workdir", "/", spec.image, *self.init_argv()]
         return argv
 
@@ -122,6 +146,24 @@ class DockerRuntime(ContainerRuntime):
             return None
         logs = await run_cli([self._binary, "logs", self.name], 30)
         return self._start_failure(CliResult(1, logs.stdout, logs.stderr or state.message))
+
+    async def _limit_check(self) -> Callable[[], LimitHit | None] | None:
+        assert self._binary is not None
+        inspected = await run_cli(
+            [self._binary, "inspect", "--format", "{{.State.Pid}}", self.name], 30
+        )
+        try:
+            pid = int(inspected.stdout.strip())
+        except ValueError:
+            return None
+        spec = self._spec
+        limits = Limits(spec.cpus, spec.memory_mb, spec.pids, spec.cpu_time_s)
+        paths = session_disk(self._session_dir)
+        if spec.tmp_mb is not None:
+            for inside in ("/tmp", "/var/tmp"):
+                tmp = Path(f"/proc/{pid}/root{inside}")
+                paths.append(SizedPath(LimitKind.TMP, tmp, spec.tmp_mb, inside))
+        return checks(cgroups.of_process(pid), limits, paths)
 
     def exec_argv(self, *, interactive: bool) -> list[str]:
         assert self._binary is not None

@@ -298,8 +298,8 @@ def exit_code(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
-def descendants(root: int) -> list[int]:
-    """Every process below ``root``, found through the parent ids in /proc."""
+def process_children() -> dict[int, list[int]]:
+    """Every process's children (pid -> child pids), from the parent ids in /proc."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -311,6 +311,12 @@ def descendants(root: int) -> list[int]:
             continue
         parent = int(stat[stat.rfind(b")") + 2 :].split()[1])
         children.setdefault(parent, []).append(int(name))
+    return children
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root``, found through the parent ids in /proc."""
+    children = process_children()
     found: list[int] = []
     stack = [root]
     while stack:

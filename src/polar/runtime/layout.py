@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,3 +33,12 @@ def prepare(session_dir: Path, backings: Sequence[tuple[Path, str]]) -> None:
         (session_dir / name).mkdir(parents=True, exist_ok=True)
     for backing, _ in backings:
         backing.mkdir(parents=True, exist_ok=True)
+
+
+def owner_prefix(owner: str | None) -> str:
+    """How the host-side things of ``owner``'s runtimes are named (state
+    directories, cgroups): ``polar+<hash of owner>+`` (``+`` cannot occur in an
+    owner, so one owner's prefix never matches another's), ``polar-`` without one."""
+    if owner is None:
+        return "polar-"
+    return f"polar+{hashlib.sha256(owner.encode()).hexdigest()[:12]}+"

@@ -3,9 +3,12 @@
 ``sandbox: true`` (the default) runs every command in one bubblewrap sandbox
 per runtime (see :mod:`polar.runtime.bubblewrap` for why and how): only the
 system directories, the session directory, the spec's mounts and binds are
-visible; the network is the policy's (with ``gateway_only`` the gateway is
-relayed in, :mod:`polar.runtime.relay`); ``cpus``, ``memory_mb`` and ``pids``
-are enforced through a cgroup (:mod:`polar.runtime.cgroups`) or refused.
+visible; the network is the policy's (with ``gateway_only`` the gateway's
+model API is relayed in, :mod:`polar.runtime.relay`); ``cpus``, ``memory_mb``,
+``pids`` and ``cpu_time_s`` are enforced through a cgroup
+(:mod:`polar.runtime.cgroups`) or refused, ``tmp_mb`` by the size of the
+sandbox's ``/tmp``; :mod:`polar.runtime.limits` watches them all (and a
+size-limited session directory) and reports the first one hit.
 
 ``sandbox: false`` runs plain host processes (no filesystem or network
 isolation, no limits: for trusted commands and machines without bubblewrap);
@@ -30,13 +33,15 @@ import os
 import shutil
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from polar.runtime import cgroups, inside, layout, statedir
 from polar.runtime.base import (
     ExecResult,
     GatewayAddress,
+    LimitHit,
+    LimitKind,
     NetworkPolicy,
     OutputHandler,
     RuntimeSpec,
@@ -44,6 +49,7 @@ from polar.runtime.base import (
 from polar.runtime.bubblewrap import BwrapSandbox, bwrap_argv, cgroup_wrapper
 from polar.runtime.commands import Commands, Pipes, Supervisor
 from polar.runtime.errors import RuntimeNotStarted, RuntimeStartError, UnsupportedSpec
+from polar.runtime.limits import LimitWatch, SizedPath, checks, session_disk
 from polar.runtime.relay import GatewayRelay
 from polar.runtime.statedir import StateDir, copy_path
 
@@ -63,7 +69,7 @@ class LocalRuntime:
         self._spec = spec
         self._session_dir = session_dir.resolve()
         self._gateway = gateway
-        self._limits = cgroups.Limits(spec.cpus, spec.memory_mb, spec.pids)
+        self._limits = cgroups.Limits(spec.cpus, spec.memory_mb, spec.pids, spec.cpu_time_s)
         root = spec.options.get("cgroup_root")
         self._cgroup_root = None if root is None else Path(root)
         self._python = spec.options.get("python", DEFAULT_PYTHON)
@@ -75,7 +81,7 @@ class LocalRuntime:
                 )
             if spec.binds:
                 raise UnsupportedSpec("local runtime without a sandbox cannot bind paths")
-            if self._limits.any:
+            if self._limits.any or spec.tmp_mb is not None:
                 raise UnsupportedSpec("local runtime without a sandbox cannot enforce limits")
         elif self._limits.any:
             cgroups.check(self._cgroup_root, self._limits)
@@ -86,6 +92,7 @@ class LocalRuntime:
         self._relay: GatewayRelay | None = None
         self._cgroup: cgroups.Cgroup | None = None
         self._sandbox: BwrapSandbox | None = None
+        self._watch: LimitWatch | None = None
         self._commands = Commands(self._launch)
 
     @property
@@ -110,13 +117,28 @@ class LocalRuntime:
             return f"http://127.0.0.1:{self._sandbox.port}"
         return f"http://{self._gateway.host}:{self._gateway.port}"
 
+    @property
+    def limit_hit(self) -> LimitHit | None:
+        return self._watch.poll() if self._watch is not None else None
+
     async def start(self) -> None:
         if self._started:
             return
         layout.prepare(self._session_dir, self._backings)
         if self._spec.sandbox:
             await self._start_sandbox()
+            self._watch = LimitWatch(self._limit_check(), self._commands.cancel_all)
+            self._watch.start()
         self._started = True
+
+    def _limit_check(self) -> Callable[[], LimitHit | None]:
+        paths: list[SizedPath] = []
+        init = self._sandbox.init_pid if self._sandbox is not None else None
+        if self._spec.tmp_mb is not None and init is not None:
+            tmp = Path(f"/proc/{init}/root/tmp")
+            paths.append(SizedPath(LimitKind.TMP, tmp, self._spec.tmp_mb, "/tmp"))
+        paths += session_disk(self._session_dir)
+        return checks(self._cgroup, self._limits, paths)
 
     def _bwrap(self) -> str:
         bwrap = shutil.which(self._spec.options.get("bwrap", "bwrap"))
@@ -134,14 +156,14 @@ class LocalRuntime:
 
     async def _start_sandbox(self) -> None:
         bwrap = self._bwrap()
-        self._state = StateDir.create()
+        self._state = StateDir.create(self._session_dir, self._spec.owner)
         try:
             forward = self._spec.network is NetworkPolicy.GATEWAY_ONLY and self._gateway is not None
             if forward and self._gateway is not None:
                 self._relay = GatewayRelay(self._state.socket, self._gateway)
                 await self._relay.start()
             if self._limits.any:
-                self._cgroup = cgroups.create(self._cgroup_root, self._limits)
+                self._cgroup = cgroups.create(self._cgroup_root, self._limits, self._spec.owner)
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             argv = bwrap_argv(
                 bwrap=bwrap,
@@ -154,6 +176,8 @@ class LocalRuntime:
                 control_fd=child.fileno(),
                 forward=forward,
                 unprivileged=os.geteuid() != 0,
+                tmp_mb=self._spec.tmp_mb,
+                hidden=self._spec.hidden,
             )
             if self._cgroup is not None:
                 argv = cgroup_wrapper(self._cgroup, argv)
@@ -214,6 +238,9 @@ class LocalRuntime:
         await self._teardown()
 
     async def _teardown(self) -> None:
+        if self._watch is not None:
+            self._watch.poll()  # a last look: the report stays readable after stop
+            await self._watch.stop()
         if self._sandbox is not None:
             await self._sandbox.close()
         if self._relay is not None:

@@ -2,10 +2,14 @@
 
 Every sandbox sees the state directory read-only at :data:`STATE_INSIDE`: the
 helper program (:data:`SCRIPT_INSIDE`) and the gateway relay's socket
-(:data:`SOCKET_INSIDE`). Only its ``rw/`` subdirectory is writable from
-inside (:data:`RW_INSIDE`): the ready file of container inits and the staging
-area of copies. It lives in the system's temporary directory rather than in
-the session directory, because a Unix socket path must stay under 108 bytes.
+(:data:`SOCKET_INSIDE`). It lives in the system's temporary directory rather
+than in the session directory, because a Unix socket path must stay under 108
+bytes; its name carries the runtime's owner (:func:`~polar.runtime.layout.owner_prefix`) so that a
+restarted owner finds what a killed one left. The one directory writable from
+inside, :data:`RW_INSIDE` (the ready file of container inits and the staging
+area of copies), is backed by ``<session_dir>/.polar-rw`` instead: whatever a
+sandbox writes lands in its session directory, whose size may be limited
+(:mod:`polar.runtime.disk`), never in the host's temporary directory.
 
 Copies in and out of a sandbox never resolve a path of the sandbox on the host:
 :func:`put` stages the source in ``rw/`` and lets ``inside.py copy`` place it,
@@ -27,6 +31,7 @@ from pathlib import Path
 from polar.runtime import inside
 from polar.runtime.base import ExecResult
 from polar.runtime.errors import CopyError
+from polar.runtime.layout import owner_prefix
 
 STATE_INSIDE = "/run/polar"
 SCRIPT_INSIDE = f"{STATE_INSIDE}/inside.py"
@@ -38,25 +43,28 @@ Run = Callable[[Sequence[str]], Awaitable[ExecResult]]
 """Runs a command inside the sandbox (no timeout, no output handler)."""
 
 
+RW_DIR = ".polar-rw"
+
+
 class StateDir:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, rw: Path) -> None:
         self.path = path
+        self.rw = rw
 
     @classmethod
-    def create(cls) -> StateDir:
-        path = Path(tempfile.mkdtemp(prefix="polar-"))
+    def create(cls, session_dir: Path, owner: str | None = None) -> StateDir:
+        path = Path(tempfile.mkdtemp(prefix=owner_prefix(owner)))
         path.chmod(0o755)
         shutil.copyfile(inside.__file__, path / "inside.py")
-        (path / "rw").mkdir()
-        return cls(path)
+        (path / "rw").mkdir()  # the mount point of the writable directory
+        rw = session_dir / RW_DIR
+        shutil.rmtree(rw, ignore_errors=True)
+        rw.mkdir()
+        return cls(path, rw)
 
     @property
     def socket(self) -> Path:
         return self.path / "gateway.sock"
-
-    @property
-    def rw(self) -> Path:
-        return self.path / "rw"
 
     @property
     def ready(self) -> Path:
@@ -64,6 +72,12 @@ class StateDir:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        shutil.rmtree(self.rw, ignore_errors=True)
+
+
+def leftovers(owner: str) -> list[Path]:
+    """State directories a runtime of ``owner`` left in the temporary directory."""
+    return [p for p in Path(tempfile.gettempdir()).glob(f"{owner_prefix(owner)}*") if p.is_dir()]
 
 
 def copy_path(source: Path, target: Path) -> None:

@@ -11,16 +11,17 @@ remembers what was acknowledged. Sandboxes die with the process (bubblewrap's
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import secrets
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from polar.rollout.config import NodeConfig, ServerConfig
-from polar.rollout.deploy import node_service
+from polar.rollout.deploy import NodeThread, node_service
 from polar.rollout.server import RolloutServer, create_server_app
+from polar.runtime.reap import reap
 from polar.serverthread import ServerThread
 
 
@@ -33,8 +34,9 @@ class ServiceAddress:
 def service_configs(
     server: ServerConfig, node: NodeConfig, state: Path
 ) -> tuple[ServerConfig, NodeConfig]:
-    """The configs with their state under ``state``, free ports, and a shared control token."""
-    token = server.control_token or node.control_token or secrets.token_urlsafe(24)
+    """The configs with their state under ``state``, free ports, and the server's
+    control token shared with the node."""
+    token = server.control_token or node.control_token
     server = server.model_copy(
         update={"db": state / "rollout.db", "port": 0, "control_token": token}
     )
@@ -45,7 +47,12 @@ def service_configs(
         }
     )
     node = node.model_copy(
-        update={"gateway": gateway, "sessions_dir": state / "sessions", "control_token": token}
+        update={
+            "gateway": gateway,
+            "sessions_dir": state / "sessions",
+            "control_token": token,
+            "control_port": 0,
+        }
     )
     return server, node
 
@@ -53,9 +60,12 @@ def service_configs(
 @contextlib.contextmanager
 def local_service(server: ServerConfig, node: NodeConfig, state: Path) -> Iterator[ServiceAddress]:
     """Start a rollout server and a node (state cleared first); stop both on exit."""
-    shutil.rmtree(state, ignore_errors=True)
-    state.mkdir(parents=True)
     server, node = service_configs(server, node, state)
+    # A killed generator's node may have left mounted session directories (and
+    # containers, cgroups): release them, or the state cannot be cleared.
+    asyncio.run(reap(node.node_id, sessions_dir=node.sessions_dir))
+    shutil.rmtree(state, ignore_errors=True)
+    state.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         rollout = RolloutServer(server)
         server_thread = ServerThread(create_server_app(rollout), host=server.host)
@@ -63,7 +73,6 @@ def local_service(server: ServerConfig, node: NodeConfig, state: Path) -> Iterat
         stack.enter_context(server_thread)
         node = node.model_copy(update={"server_url": server_thread.url})
         service = node_service(node)
-        node_thread = ServerThread(service.app, host=node.gateway.host)
-        service.bind(node_thread.host, node_thread.port)
-        stack.enter_context(node_thread)
+        node_thread = NodeThread(service, host=node.gateway.host).start()
+        stack.callback(node_thread.stop)
         yield ServiceAddress(server_thread.url, server.control_token)

@@ -16,6 +16,8 @@ written.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 BASELINE_REF = "refs/polar/baseline"
 CACHE_EXCLUDES = ("**/__pycache__/**", "**/*.pyc", "**/.pytest_cache/**")
 """Never part of a snapshot or a diff (as git pathspec globs)."""
@@ -31,10 +33,13 @@ command -v git >/dev/null 2>&1 || {{
   echo "git is not installed in the runtime" >&2
   exit {NO_GIT_EXIT}
 }}
+export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null GIT_NO_REPLACE_OBJECTS=1
 g() {{ git -c 'safe.directory=*' -c core.hooksPath=/dev/null -c core.autocrlf=false \\
-  -c user.name=Polar -c user.email=polar@localhost -c commit.gpgsign=false "$@"; }}
+  -c core.fsmonitor=false -c user.name=Polar -c user.email=polar@localhost \\
+  -c commit.gpgsign=false "$@"; }}
 """
-"""Shell prelude of every in-runtime git script: ``g`` is git with fixed settings."""
+"""Shell prelude of every in-runtime git script: ``g`` is git with fixed settings,
+no system or user config, no replace refs, no hooks or fsmonitor commands."""
 
 EXCLUDE_PATHSPECS = " ".join(f"':(exclude,glob){pattern}'" for pattern in CACHE_EXCLUDES)
 
@@ -56,10 +61,28 @@ commit=$(g commit-tree "$tree" $parent -m "polar baseline")
 g update-ref {BASELINE_REF} "$commit"
 rm -f "$GIT_INDEX_FILE"
 echo "$commit"
+cat "$(g rev-parse --absolute-git-dir)/config"
 """
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """What the node keeps of a workspace's baseline, out of the agent's reach:
+    its commit and the repository's ``.git/config`` as set-up left them.
+    Evaluators put both back before they run git in the agent's workspace (an
+    agent may move the ref, or write commands into the config: ``core.fsmonitor``,
+    filters, ``core.sshCommand``)."""
+
+    commit: str
+    git_config: str
 
 
 def record_baseline_argv() -> list[str]:
     """Run in the workspace: make it a repository if needed, record the baseline,
-    print its commit id."""
+    print its commit id, then the repository's config."""
     return ["sh", "-c", _RECORD, "polar-baseline"]
+
+
+def parse_baseline(stdout: str) -> Baseline:
+    commit, _, config = stdout.partition("\n")
+    return Baseline(commit.strip(), config)

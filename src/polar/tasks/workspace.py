@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import assert_never
 
 from polar.runtime.base import Runtime, RuntimeSpec
-from polar.tasks.baseline import NO_GIT_EXIT, record_baseline_argv
+from polar.tasks.baseline import NO_GIT_EXIT, Baseline, parse_baseline, record_baseline_argv
 from polar.tasks.errors import SetupError, WorkspaceError
 from polar.tasks.model import DirectoryWorkspace, GitWorkspace, ImageWorkspace, Task
 
@@ -57,13 +57,14 @@ def workspace_path(task: Task, runtime: Runtime) -> str:
 def runtime_spec_for(task: Task, default: RuntimeSpec) -> RuntimeSpec:
     """The node's ``default`` spec with the settings the task set itself.
 
-    Only fields the task's runtime spec names are taken; ``env`` and
+    Only fields the task's runtime spec sets to something other than their
+    default are taken (:meth:`RuntimeSpec.asked`); ``env`` and
     ``options`` are merged (the task wins), ``binds`` and ``mounts`` added.
     """
     own = task.runtime
     if own is None:
         return default
-    update = {name: getattr(own, name) for name in own.model_fields_set}
+    update = {name: getattr(own, name) for name in own.asked()}
     if "env" in update:
         update["env"] = default.env | own.env
     if "options" in update:
@@ -108,13 +109,15 @@ async def materialize(task: Task, session_dir: Path) -> Path | None:
     return target
 
 
-async def run_setup(task: Task, runtime: Runtime, *, timeout_s: float | None = None) -> None:
+async def run_setup(
+    task: Task, runtime: Runtime, *, timeout_s: float | None = None
+) -> Baseline | None:
     """Run the task's set-up commands (``bash -c``) in the workspace, then record
-    the baseline the agent's diff is taken against.
+    the baseline the agent's diff is taken against, and return it.
 
     ``timeout_s`` bounds each command. A failed command raises
     :class:`SetupError` naming it with its output tail; a runtime without
-    ``git`` gets no baseline (evaluators that need a diff say so later).
+    ``git`` gets no baseline (None; evaluators that need a diff say so later).
     """
     cwd = workspace_path(task, runtime)
     for index, command in enumerate(task.setup, start=1):
@@ -127,12 +130,13 @@ async def run_setup(task: Task, runtime: Runtime, *, timeout_s: float | None = N
             )
     result = await runtime.exec(record_baseline_argv(), cwd=cwd, timeout_s=timeout_s)
     if result.exit_code == NO_GIT_EXIT:
-        return
+        return None
     if not result.ok:
         raise SetupError(
             f"task {task.id}: cannot record the workspace baseline in {cwd}\n"
             f"{_tail(result.stdout + result.stderr)}"
         )
+    return parse_baseline(result.stdout)
 
 
 def _check_empty(target: Path) -> None:

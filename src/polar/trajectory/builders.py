@@ -215,6 +215,10 @@ def _trajectory(
         breaks=MappingProxyType(dict(Counter(t.break_reason for t in traces if t.break_reason))),
         truncated_turns=sum(c.finish_reason in _CUT for c in plan.calls),
         records=tuple(fates),
+        delivery_flags=MappingProxyType(
+            dict(Counter(f.issue for r in plan.records for f in r.delivery_flags))
+        ),
+        malformed_tool_calls=sum(len(r.malformed_tool_calls) for r in plan.records),
     )
     chains = tuple(
         Chain(

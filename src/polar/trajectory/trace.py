@@ -18,10 +18,11 @@ they came from, how every generated token of the session was used
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from types import MappingProxyType
 
-from polar.ir import CaptureMode, FinishReason, PromptOrigin
+from polar.ir import CaptureMode, DeliveryIssue, FinishReason, PromptOrigin
 
 
 class ChainClass(StrEnum):
@@ -230,6 +231,13 @@ class Accounting:
     breaks: Mapping[BreakReason, int]
     truncated_turns: int
     records: tuple[RecordFate, ...]
+    delivery_flags: Mapping[DeliveryIssue, int] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """Flags on the session's records (every record, whatever its fate): where what a
+    client was handed and the sampled ids disagree (engine-rendered capture)."""
+    malformed_tool_calls: int = 0
+    """Tool calls the model wrote that did not parse (handed to the client as text)."""
 
     @property
     def delivered_fraction(self) -> float:

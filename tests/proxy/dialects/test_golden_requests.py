@@ -14,25 +14,16 @@ import pytest
 
 from polar.ir import ChatRequest, Dialect, Role, ToolCall
 from polar.proxy.dialects.anthropic_messages import translate as anthropic
-from polar.proxy.dialects.anthropic_messages.protocol import MessagesRequest
 from polar.proxy.dialects.openai_chat import translate as chat
-from polar.proxy.dialects.openai_chat.protocol import ChatCompletionRequest
 from polar.proxy.dialects.openai_responses import translate as responses
-from polar.proxy.dialects.openai_responses.protocol import ResponsesRequest
 from polar.proxy.render.template import ChatTemplate
+
+from support.dialects import PARSE
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "harness"
 GOLDEN = sorted(FIXTURES.glob("*/*.json"))
 INSTRUCTION = "Write the word polar into proof.txt using the shell."
 
-Parse = Callable[[dict[str, Any]], ChatRequest]
-PARSE: dict[Dialect, Parse] = {
-    Dialect.OPENAI_CHAT: lambda b: chat.request_to_ir(ChatCompletionRequest.model_validate(b)),
-    Dialect.ANTHROPIC_MESSAGES: lambda b: anthropic.request_to_ir(
-        MessagesRequest.model_validate(b)
-    ),
-    Dialect.OPENAI_RESPONSES: lambda b: responses.request_to_ir(ResponsesRequest.model_validate(b)),
-}
 REBUILD: dict[Dialect, Callable[[ChatRequest], dict[str, Any]]] = {
     Dialect.OPENAI_CHAT: chat.request_from_ir,
     Dialect.ANTHROPIC_MESSAGES: anthropic.request_from_ir,

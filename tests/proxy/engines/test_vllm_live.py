@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,15 +18,21 @@ from typing import Any
 import httpx
 import pytest
 
-from polar.ir import FinishReason, RecordStatus
+from polar.ir import DeliveryIssue, Dialect, FinishReason, RecordStatus
 from polar.proxy.app import create_app
 from polar.proxy.config import GatewayConfig
+from polar.proxy.engines.openai_compat import chat_body
 from polar.proxy.engines.vllm_process import VllmProcess
 from polar.proxy.gateway import Gateway
+from polar.proxy.render.template import ChatTemplate
+from polar.proxy.render.tokens import TokenText
 from polar.proxy.store import SqliteStore
 from polar.serverthread import ServerThread
 from polar.tinymodel import build_tiny_model
+from polar.trajectory import BuildConfig, PerRequest, TurnFormat
 
+from support.dialects import PARSE
+from support.paths import FIXTURES
 from support.stack import ADMIN_TOKEN, BASH_TOOL
 from support.training import greedy_next
 
@@ -342,3 +349,205 @@ def test_a_weight_push_reaches_vllm_and_aborts_no_call(
     assert (token_after, logprob_after) != (token_before, logprob_before)
     (ours,) = sequence_logprobs(trainer, [*fixed, token_after], len(fixed))
     assert logprob_after == pytest.approx(ours, abs=1e-4)
+
+
+# ------------------------------------------------- the gateway's render is vLLM's
+
+
+def _recorded_requests() -> list[tuple[str, Dialect, dict[str, Any]]]:
+    """Every golden request of the real CLIs and every request of the recorded sessions."""
+    out = []
+    for path in sorted((FIXTURES / "harness").glob("*/*.json")):
+        fixture = json.loads(path.read_text())
+        out.append(
+            (f"{path.parent.name}/{path.stem}", Dialect(fixture["dialect"]), fixture["body"])
+        )
+    for path in sorted((FIXTURES / "sessions").glob("*.jsonl")):
+        for n, line in enumerate(path.read_text().splitlines()):
+            record = json.loads(line)
+            body = record["original_request"]
+            out.append((f"{path.stem}:{n}", Dialect(record["dialect"]), body))
+    return out
+
+
+# Edges of vLLM's message and tool handling no CLI fixture has: strict true and
+# false, no description, no parameters, arguments that are empty, invalid or not
+# an object, developer messages, text given as parts.
+EDGE_CASES = {
+    "model": "m",
+    "messages": [
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}},
+                {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{bad"}},
+                {"id": "c3", "type": "function", "function": {"name": "f", "arguments": "[1]"}},
+                {"id": "c4", "type": "function", "function": {"name": "g", "arguments": '{"x":1}'}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "one"}]},
+        {"role": "tool", "tool_call_id": "c2", "content": "two"},
+        {"role": "user", "content": "go on"},
+    ],
+    "tools": [
+        {"type": "function", "function": {"name": "f", "strict": True, "parameters": {}}},
+        {
+            "type": "function",
+            "function": {
+                "name": "g",
+                "description": "G.",
+                "strict": False,
+                "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+            },
+        },
+    ],
+}
+
+
+def test_gateway_render_equals_vllms_tokenization_of_every_recorded_request(
+    vllm: VllmProcess, tokenizer: Any
+) -> None:
+    """Token mode's prompt is vLLM's: for every golden CLI request and every request
+    of the recorded sessions (all three dialects, as the gateway reads them), the
+    gateway's chat-template render equals, token for token, what vLLM's ``/tokenize``
+    returns for the chat request engine-rendered capture sends it."""
+    template = ChatTemplate(tokenizer)
+    cases = [*_recorded_requests(), ("edge cases", Dialect.OPENAI_CHAT, EDGE_CASES)]
+    clis = {"codex", "claude_code", "qwen_code", "pi", "opencode", "mini_swe_agent"}
+    assert clis <= {name.split("/")[0] for name, _, _ in cases}
+    assert clis <= {name.split(".")[0] for name, _, _ in cases}
+    mismatched = []
+    for name, dialect, body in cases:
+        request = PARSE[dialect](body)
+        ours, _ = template.render(request.messages, request.tools, kwargs=request.template_kwargs)
+        sent = chat_body(request, model="tiny", reasoning_field="reasoning", template_kwargs={})
+        query = {
+            k: v for k, v in sent.items() if k in ("messages", "tools", "chat_template_kwargs")
+        }
+        reply = httpx.post(
+            f"{vllm.url}/tokenize",
+            json={"model": "tiny", "add_generation_prompt": True, **query},
+            timeout=120,
+        )
+        assert reply.status_code == 200, f"{name}: {reply.text}"
+        theirs = reply.json()["tokens"]
+        if ours != theirs:
+            pairs = zip(ours, theirs, strict=False)
+            at = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(ours), len(theirs)))
+            mismatched.append(f"{name}: {len(ours)} vs vLLM's {len(theirs)} tokens, from {at}")
+    assert not mismatched, "\n".join(mismatched)
+
+
+# ---------------------- engine-rendered: the client gets the sampled text, flagged
+
+# Texts vLLM's own parsers misreport; the model is forced to write each one.
+MISREPORTED = {
+    "unclosed": '\n\nOK.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}\n'
+    "</tool_call>\nDone, the rest of the turn.",
+    "stray_think": "\n\nHello</think> world.",
+    "no_args": '\n\n<tool_call>\n{"name": "echo hi into hello.txt"}\n</tool_call>',
+    "extra_brace": '\n\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}}\n'
+    "</tool_call>",
+}
+
+
+def _forced(text: str, stream: bool) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": "go"}],
+        "tools": [BASH_TOOL],
+        "max_tokens": 200,
+        "stream": stream,
+        "logit_bias": {"151668": 100},
+        "structured_outputs": {"regex": re.escape(text)},
+    }
+
+
+def _client_view(reply: httpx.Response, stream: bool) -> tuple[str, list[tuple[str, str]]]:
+    """The text and tool calls (name, arguments text) a chat client received."""
+    if not stream:
+        message = reply.json()["choices"][0]["message"]
+        calls = [
+            (c["function"]["name"], c["function"]["arguments"])
+            for c in message.get("tool_calls") or ()
+        ]
+        return message.get("content") or "", calls
+    chunks = [
+        json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: {")
+    ]
+    deltas = [ch["delta"] for c in chunks for ch in c["choices"]]
+    joined: dict[int, list[str]] = {}
+    for delta in deltas:
+        for call in delta.get("tool_calls") or ():
+            entry = joined.setdefault(call["index"], ["", ""])
+            entry[0] += call["function"].get("name") or ""
+            entry[1] += call["function"].get("arguments") or ""
+    text = "".join(d.get("content") or "" for d in deltas)
+    return text, [(name, args) for _, (name, args) in sorted(joined.items())]
+
+
+def test_engine_rendered_clients_get_the_sampled_text_and_vllms_misparses_are_flagged(
+    gateway: Any, vllm: VllmProcess, tokenizer: Any
+) -> None:
+    """Real vLLM writes the four texts its parsers misreport (an unclosed
+    ``<tool_call>``, a stray ``</think>``, a call with a shell command for a name
+    and no arguments, arguments with a stray brace), streaming and not. What the
+    client receives is the gateway's parse of the sampled ids, the record says
+    where vLLM's parse differed, and the build's accounting counts it."""
+    server, db = gateway
+    key, sid = _session(server.url)
+    text = TokenText(tokenizer)
+    expected = {
+        ("unclosed", True): {
+            "engine_text_differs",
+            "engine_tool_calls_differ",
+            "streamed_call_withdrawn",
+        },
+        ("unclosed", False): set(),
+        ("stray_think", True): set(),
+        ("stray_think", False): {"engine_text_differs"},
+        ("no_args", True): {"engine_arguments_not_json", "tool_not_offered", "arguments_missing"},
+        ("no_args", False): {
+            "engine_text_differs",
+            "engine_tool_calls_differ",
+            "tool_not_offered",
+            "arguments_missing",
+        },
+        ("extra_brace", True): {
+            "engine_text_differs",
+            "engine_arguments_not_json",
+            "engine_tool_calls_differ",
+            "streamed_call_withdrawn",
+        },
+        ("extra_brace", False): set(),
+    }
+    for (name, stream), issues in expected.items():
+        reply = _call(server.url, key, _forced(MISREPORTED[name], stream))
+        assert reply.status_code == 200, reply.text
+        record = SqliteStore(db).records(sid)[-1]
+        # The prompt opens a <think> block; the forced first token closes it empty.
+        sampled = text.decode([i for i in record.output_ids if i != 151645])
+        assert sampled == "</think>" + MISREPORTED[name]
+        sampled = MISREPORTED[name]
+        shown, calls = _client_view(reply, stream)
+        if name == "no_args":
+            assert calls == [("echo hi into hello.txt", "{}")]
+            assert shown.strip() == ""
+        else:
+            assert shown == sampled  # every sampled character, as text
+            if stream and name in ("unclosed", "extra_brace"):
+                # The call had begun streaming before it failed to parse: an OpenAI
+                # chat stream cannot take it back (flagged streamed_call_withdrawn).
+                assert calls == [("bash", '{"command": "ls"}')]
+            else:
+                assert calls == []
+        assert {f.issue.value for f in record.delivery_flags} == issues, (name, stream)
+    records = SqliteStore(db).records(sid)
+    trajectory = PerRequest(BuildConfig(turns=TurnFormat.from_tokenizer(tokenizer))).build(records)
+    counted = dict(trajectory.accounting.delivery_flags)
+    assert sum(counted.values()) == sum(len(v) for v in expected.values())
+    assert counted[DeliveryIssue.ENGINE_TEXT_DIFFERS] == 4
+    assert trajectory.accounting.malformed_tool_calls == 4

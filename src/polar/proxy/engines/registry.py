@@ -14,7 +14,7 @@ from typing import Any
 
 from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.ir import CaptureMode
-from polar.proxy.capture import Capture, EngineRendered, GatewayRendered
+from polar.proxy.capture import Capture, EngineRendered, GatewayRendered, Reparse
 from polar.proxy.config import ConfigError, EngineConfig, GatewayConfig
 from polar.proxy.engines.base import ChatEngine, TokenEngine
 from polar.proxy.engines.sglang import SglangChatEngine
@@ -33,8 +33,6 @@ def _transport(config: EngineConfig) -> EngineTransport:
         api_key=config.api_key,
         connect_timeout_s=config.connect_timeout_s,
         read_timeout_s=config.read_timeout_s,
-        idle_timeout_s=config.idle_timeout_s,
-        total_timeout_s=config.total_timeout_s,
         max_connections=config.max_connections,
     )
 
@@ -77,7 +75,13 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-def build_capture(config: GatewayConfig, offload: Offload | None = None) -> Capture:
+def build_capture(
+    config: GatewayConfig, *, template: ChatTemplate | None = None, offload: Offload | None = None
+) -> Capture:
+    """The capture ``config`` describes. ``template``: the chat template
+    ``config.render`` names, already loaded (gateways in one process can share
+    one; loading a tokenizer takes a good part of a second). ``offload``: the
+    workers that render prompts (token-in/token-out), the gateway's own."""
     kind = config.engine.kind
     if config.capture is CaptureMode.ENGINE_RENDERED:
         if kind == "embedded":
@@ -85,8 +89,28 @@ def build_capture(config: GatewayConfig, offload: Offload | None = None) -> Capt
                 "engine.kind: the embedded engine takes token ids; use capture: token_in_token_out"
             )
         chat = CHAT_ENGINES[kind](config.engine) if kind in CHAT_ENGINES else _plugin(kind)(config)
-        return EngineRendered(chat)
+        if config.render.engine_output == "engine_parser":
+            return EngineRendered(chat)
+        template = template or _template(config)
+        return EngineRendered(
+            chat,
+            reparse=Reparse(
+                text=template.text,
+                parser=_parser_options(config),
+                stop_token_ids=(template.end_of_turn_id, *config.render.stop_token_ids),
+            ),
+        )
     tokens = TOKEN_ENGINES[kind](config.engine) if kind in TOKEN_ENGINES else _plugin(kind)(config)
+    return GatewayRendered(
+        template or _template(config),
+        tokens,
+        parser=_parser_options(config),
+        stop_token_ids=tuple(config.render.stop_token_ids),
+        offload=offload,
+    )
+
+
+def _template(config: GatewayConfig) -> ChatTemplate:
     render = config.render
     path = render.tokenizer or QWEN3_TOKENIZER_DIR
     try:
@@ -96,17 +120,13 @@ def build_capture(config: GatewayConfig, offload: Offload | None = None) -> Capt
             f"render.tokenizer: cannot load a tokenizer from {path} ({exc})"
         ) from None
     try:
-        template = ChatTemplate(
+        return ChatTemplate(
             tokenizer, template_kwargs=render.template_kwargs, end_of_turn=render.end_of_turn
         )
     except ValueError as exc:
         raise ConfigError(f"render.end_of_turn: {exc}") from None
-    return GatewayRendered(
-        template,
-        tokens,
-        parser=ParserOptions(
-            tool_format=ToolFormat(render.tool_format), reasoning=render.reasoning
-        ),
-        stop_token_ids=tuple(render.stop_token_ids),
-        offload=offload,
-    )
+
+
+def _parser_options(config: GatewayConfig) -> ParserOptions:
+    render = config.render
+    return ParserOptions(tool_format=ToolFormat(render.tool_format), reasoning=render.reasoning)

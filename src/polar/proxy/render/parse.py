@@ -340,6 +340,8 @@ class OutputParser:
         self._body: _CallBody | None = None
         self._make_id = make_id
         self.malformed: list[MalformedToolCall] = []
+        self.written_calls: list[str] = []
+        """The bodies (text between the tags) of the calls that parsed, in order."""
 
     def _new_body(self) -> _CallBody:
         index = self._calls
@@ -420,6 +422,7 @@ class OutputParser:
         deltas, problem = body.close() if complete else ([], "the output ended inside the call")
         if problem is None:
             piece.tool_calls += deltas
+            self.written_calls.append(body.text)
             return
         opt = self._opt
         raw = opt.tool_start + body.text + (opt.tool_end if complete else "")

@@ -73,16 +73,21 @@ def template_message(message: Message) -> dict[str, Any]:
     return out
 
 
-def _arguments(arguments: str) -> Any:
-    """Arguments as an object when they are one (how vLLM hands them to templates)."""
+def _arguments(arguments: str) -> JsonObject:
+    """Arguments as vLLM 0.32 hands them to templates: the JSON object they encode;
+    empty, invalid or non-object arguments become ``{}`` (vLLM coerces them so a
+    bad call in history does not fail every later turn)."""
     try:
-        parsed = json.loads(arguments)
+        parsed = json.loads(arguments) if arguments else {}
     except json.JSONDecodeError:
-        return arguments
-    return parsed if isinstance(parsed, dict) else arguments
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
 
 
 def template_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]] | None:
+    """Tools as vLLM's ``FunctionDefinition`` dumps them for the template:
+    ``description`` always present (``null`` when absent), ``strict`` only
+    when the client set it (Codex and pi send ``"strict": false``)."""
     if not tools:
         return None
     return [
@@ -92,6 +97,7 @@ def template_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]] | None:
                 "name": t.name,
                 "description": t.description,
                 "parameters": dict(t.parameters),
+                **({"strict": t.strict} if t.strict is not None else {}),
             },
         }
         for t in tools

@@ -27,6 +27,8 @@ from polar.ir import (
     Timings,
 )
 from polar.ir.codec import (
+    delivery_flags_from_json,
+    delivery_flags_to_json,
     lineage_from_json,
     lineage_to_json,
     message_from_json,
@@ -36,7 +38,7 @@ from polar.ir.codec import (
 )
 from polar.proxy.store.packing import join_body, pack_floats, pack_ids, unpack_floats, unpack_ids
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -79,6 +81,7 @@ CREATE TABLE IF NOT EXISTS records (
     lineage TEXT,
     malformed TEXT,
     edits TEXT,
+    delivery TEXT,
     UNIQUE (session_id, seq, attempt)
 );
 CREATE INDEX IF NOT EXISTS records_in_flight ON records(status) WHERE status = 'in_flight';
@@ -91,16 +94,17 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE records ADD COLUMN malformed TEXT",
     ),
     3: ("ALTER TABLE records ADD COLUMN edits TEXT",),
-    # 4: statuses in_flight / interrupted, and the partial index over in-flight rows
+    4: ("ALTER TABLE records ADD COLUMN delivery TEXT",),
+    # 5: statuses in_flight / interrupted, and the partial index over in-flight rows
     # (created by SCHEMA); older readers would not know the statuses.
-    4: (),
+    5: (),
 }
 
 RECORD_COLUMNS = (
     "rowid, session_id, seq, attempt, status, dialect, capture, engine, model, policy_version, "
     "stream, finish_reason, error, timings, usage, message, original_request, engine_request, "
     "prompt_base, prompt_shared, prompt_tail, output_ids, output_logprobs, "
-    "lineage, malformed, edits"
+    "lineage, malformed, edits, delivery"
 )
 
 # Columns a finished call changes on the row written when it was dispatched.
@@ -116,6 +120,7 @@ OUTCOME_COLUMNS = (
     "lineage",
     "malformed",
     "edits",
+    "delivery",
 )
 
 
@@ -158,6 +163,7 @@ def outcome_values(record: CompletionRecord) -> tuple[Any, ...]:
             if record.edits
             else None
         ),
+        (dumps(delivery_flags_to_json(record.delivery_flags)) if record.delivery_flags else None),
     )
 
 
@@ -203,4 +209,5 @@ def record_from_row(
             RequestEdit(kind=EditKind(e["kind"]), detail=e["detail"])
             for e in (orjson.loads(row[25]) if row[25] else ())
         ),
+        delivery_flags=delivery_flags_from_json(orjson.loads(row[26]) if row[26] else ()),
     )

@@ -7,9 +7,10 @@ workspace by the evaluator), and, for tests and scripted agents,
 ``solution.patch`` (a correct fix) and ``wrong.patch`` (a plausible wrong one).
 Every task's hidden tests fail on the untouched repository, pass with the
 solution and fail with the wrong patch; they run in well under two seconds
-without network. The evaluator runs the real pytest (``python -I``) without the
-workspace's ``conftest.py`` files or ``addopts``, so an agent cannot score by
-planting a fake test runner or a hook that turns failures into passes.
+without network. Their evaluator (``pytest``) puts the workspace's test runner
+files back as the baseline had them and starts the real pytest
+(:mod:`polar.reward.hardening`), so an agent cannot score by planting a fake
+test runner or a hook that turns failures into passes.
 """
 
 from __future__ import annotations

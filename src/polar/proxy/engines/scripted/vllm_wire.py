@@ -20,7 +20,6 @@ Qwen3 model with the shared tokenizer (see ``tests/fixtures/vllm/``):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import secrets
@@ -82,9 +81,13 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
 def _template_call(call: Mapping[str, Any]) -> dict[str, Any]:
     function = dict(call.get("function") or {})
     arguments = function.get("arguments")
+    # vLLM hands templates an object: empty, invalid or non-object arguments become {}.
     if isinstance(arguments, str):
-        with contextlib.suppress(json.JSONDecodeError):
-            function["arguments"] = json.loads(arguments)
+        try:
+            arguments = json.loads(arguments) if arguments else {}
+        except json.JSONDecodeError:
+            arguments = {}
+    function["arguments"] = arguments if isinstance(arguments, dict) else {}
     return {**call, "function": function}
 
 
@@ -94,16 +97,14 @@ def template_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, 
     out = []
     for tool in tools:
         function = tool.get("function") or {}
-        out.append(
-            {
-                "type": tool.get("type", "function"),
-                "function": {
-                    "name": function.get("name"),
-                    "description": function.get("description"),
-                    "parameters": function.get("parameters"),
-                },
-            }
-        )
+        dumped = {
+            "name": function.get("name"),
+            "description": function.get("description"),
+            "parameters": function.get("parameters"),
+        }
+        if function.get("strict") is not None:  # vLLM drops only an absent/null strict
+            dumped["strict"] = function["strict"]
+        out.append({"type": tool.get("type", "function"), "function": dumped})
     return out
 
 
