@@ -33,6 +33,8 @@ def _transport(config: EngineConfig) -> EngineTransport:
         api_key=config.api_key,
         connect_timeout_s=config.connect_timeout_s,
         read_timeout_s=config.read_timeout_s,
+        idle_timeout_s=config.idle_timeout_s,
+        total_timeout_s=config.total_timeout_s,
         max_connections=config.max_connections,
     )
 
