@@ -6,15 +6,21 @@
 * :class:`GatewayRendered` (token-in/token-out): the gateway renders the
   prompt itself, splicing in the raw sampled ids of earlier turns so prompts
   are append-only, sends token ids to the engine, and parses reasoning, text
-  and tool calls out of the sampled tokens as they stream.
+  and tool calls out of the sampled tokens as they stream. Rendering and
+  tokenizing run on :class:`~polar.proxy.offload.Offload` workers, never on
+  the event loop; a conversation the chat template refuses is a 400.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Sequence
+import functools
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar, assert_never
+
+from jinja2 import TemplateError
 
 from polar.ir import (
     CaptureMode,
@@ -24,21 +30,30 @@ from polar.ir import (
     EngineEvent,
     Finish,
     FinishReason,
+    ImagePart,
     JsonObject,
     MalformedToolCall,
     PromptLineage,
     PromptTokens,
+    ReasoningPart,
     RequestEdit,
+    TextPart,
     TokenLogprob,
+    ToolCall,
     ToolSpec,
 )
 from polar.proxy.engines.base import NO_HEADERS, ChatEngine, Headers, TokenEngine, TokenRequest
+from polar.proxy.errors import InvalidRequest
+from polar.proxy.logtext import clip
 from polar.proxy.maxtokens import ContextWindow, limited
+from polar.proxy.offload import Offload
 from polar.proxy.render.delivery import ParsedTurn, Redelivery, call_flags, withdrawn_flags
 from polar.proxy.render.parse import OutputParser, ParserOptions, Piece
-from polar.proxy.render.splice import Transcript, plan_prompt
+from polar.proxy.render.splice import PromptPlan, Transcript, plan_prompt
 from polar.proxy.render.template import ChatTemplate
 from polar.proxy.render.tokens import TokenText
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -53,6 +68,9 @@ class PreparedCall:
     """Where delivery and the sampled ids disagree (complete at the ``Finish`` event)."""
     edits: tuple[RequestEdit, ...] = ()
     """Changes made while preparing (the output limit, :mod:`polar.proxy.maxtokens`)."""
+    prompt_ids: tuple[int, ...] = ()
+    """Known up front when the gateway rendered the prompt (stored before the
+    engine is called); else reported by the engine as it answers."""
 
 
 class Capture(Protocol):
@@ -67,8 +85,10 @@ class Capture(Protocol):
     async def prepare(
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
     ) -> PreparedCall:
-        """Build the engine call, with the output limit of :mod:`polar.proxy.maxtokens`;
-        nothing is sent until its events are iterated."""
+        """Build the engine call, with the output limit of :mod:`polar.proxy.maxtokens`
+        (nothing is sent until its events are iterated). Raises
+        :class:`~polar.proxy.errors.InvalidRequest` for a request that cannot be
+        rendered."""
         ...
 
     async def count_tokens(self, request: ChatRequest) -> int:
@@ -159,11 +179,13 @@ class GatewayRendered:
         parser: ParserOptions,
         stop_token_ids: tuple[int, ...] = (),
         context: ContextWindow | None = None,
+        offload: Offload | None = None,
     ) -> None:
         self.template = template
         self.engine = engine
         self.context = context or ContextWindow()
         self._parser = parser
+        self._offload = offload or Offload(workers=2, budget_bytes=64 << 20)
         self._stops = tuple(dict.fromkeys((template.end_of_turn_id, *stop_token_ids)))
 
     @property
@@ -175,20 +197,33 @@ class GatewayRendered:
         return self.engine.model
 
     async def count_tokens(self, request: ChatRequest) -> int:
-        ids, _ = self.template.render(
-            request.messages, request.tools, kwargs=request.template_kwargs
+        _need_messages(request)
+        ids, _ = await self._offload.run(
+            request_size(request), self._rendered, self.template.render, request
         )
         return len(ids)
+
+    def _rendered(self, step: Callable[..., T], request: ChatRequest, *args: object) -> T:
+        """Run a template step (on a worker), a refusal of the template becoming a 400."""
+        try:
+            return step(request.messages, request.tools, *args, kwargs=request.template_kwargs)
+        except TemplateError as exc:
+            raise InvalidRequest(
+                f"the chat template cannot render this conversation: {clip(str(exc))}"
+            ) from None
 
     async def prepare(
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
     ) -> PreparedCall:
-        plan = plan_prompt(
-            self.template,
-            request.messages,
-            request.tools,
-            transcript,
-            kwargs=request.template_kwargs,
+        _need_messages(request)
+        # The worker reads a snapshot: the loop may add to the transcript meanwhile.
+        snapshot = Transcript(calls=deque(transcript.calls, maxlen=transcript.calls.maxlen))
+        plan: PromptPlan = await self._offload.run(
+            request_size(request),
+            self._rendered,
+            functools.partial(plan_prompt, self.template),
+            request,
+            snapshot,
         )
         opt = self._parser
         tail = plan.tail_text
@@ -221,6 +256,7 @@ class GatewayRendered:
             malformed=parser.malformed,
             delivery_flags=flags,
             edits=edits,
+            prompt_ids=plan.ids,
         )
 
     async def _parse(
@@ -300,3 +336,25 @@ def _track(calls: set[int], piece: Piece) -> None:
             calls.discard(delta.index)
         else:
             calls.add(delta.index)
+
+
+def _need_messages(request: ChatRequest) -> None:
+    if not request.messages:
+        raise InvalidRequest("the request has no messages: there is no conversation to continue")
+
+
+def request_size(request: ChatRequest) -> int:
+    """About how many bytes of text a request carries (what rendering it costs)."""
+    size = 0
+    for message in request.messages:
+        for part in message.parts:
+            match part:
+                case TextPart(text=text) | ReasoningPart(text=text):
+                    size += len(text)
+                case ToolCall(arguments=arguments):
+                    size += len(arguments)
+                case ImagePart(url=url):
+                    size += len(url)
+                case _:
+                    assert_never(part)
+    return size + sum(len(str(tool.parameters)) for tool in request.tools)

@@ -23,6 +23,7 @@ from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.engines.vllm import VllmChatEngine
 from polar.proxy.engines.vllm_tokens import VllmTokenEngine
 from polar.proxy.maxtokens import ContextWindow, context_from_models
+from polar.proxy.offload import Offload
 from polar.proxy.render.parse import ParserOptions, ToolFormat
 from polar.proxy.render.template import ChatTemplate
 
@@ -33,6 +34,8 @@ def _transport(config: EngineConfig) -> EngineTransport:
         api_key=config.api_key,
         connect_timeout_s=config.connect_timeout_s,
         read_timeout_s=config.read_timeout_s,
+        idle_timeout_s=config.idle_timeout_s,
+        total_timeout_s=config.total_timeout_s,
         max_connections=config.max_connections,
     )
 
@@ -88,10 +91,13 @@ def context_window(config: EngineConfig) -> ContextWindow:
     return ContextWindow(config.max_model_len, fetch, default_max_tokens=config.default_max_tokens)
 
 
-def build_capture(config: GatewayConfig, *, template: ChatTemplate | None = None) -> Capture:
+def build_capture(
+    config: GatewayConfig, *, template: ChatTemplate | None = None, offload: Offload | None = None
+) -> Capture:
     """The capture ``config`` describes. ``template``: the chat template
     ``config.render`` names, already loaded (gateways in one process can share
-    one; loading a tokenizer takes a good part of a second)."""
+    one; loading a tokenizer takes a good part of a second). ``offload``: the
+    workers that render prompts (token-in/token-out), the gateway's own."""
     kind = config.engine.kind
     context = context_window(config.engine)
     if config.capture is CaptureMode.ENGINE_RENDERED:
@@ -119,6 +125,7 @@ def build_capture(config: GatewayConfig, *, template: ChatTemplate | None = None
         parser=_parser_options(config),
         stop_token_ids=tuple(config.render.stop_token_ids),
         context=context,
+        offload=offload,
     )
 
 
