@@ -14,8 +14,12 @@ from support.faulty import PATHS, assert_dialect_error, client_headers, request_
 
 def test_a_store_that_cannot_write_makes_health_503_and_calls_fail_fast(make_stack: Any) -> None:
     """The disk is "filled" with SQLite's ``max_page_count`` on the writer's own
-    connection: the writer gets ``database or disk is full``, as on a full disk."""
-    stack = make_stack({"turns": [{"text": "ok"}], "cycle": True})
+    connection: the writer gets ``database or disk is full``, as on a full disk.
+    The engine's context is set past the big prompt's length, so the output
+    limit (:mod:`polar.proxy.maxtokens`) lets it through to the store."""
+    stack = make_stack(
+        {"turns": [{"text": "ok"}], "cycle": True}, engine={"max_model_len": 1_000_000}
+    )
     sid, key = stack.new_session()
     conn = stack.gateway.store._writer._conn
     with httpx.Client(base_url=stack.url, headers=client_headers(key), timeout=30) as client:
