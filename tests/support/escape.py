@@ -19,7 +19,7 @@ from typing import Any
 from polar.tasks.model import DirectoryWorkspace, EvaluatorSpec, Task
 
 ESCAPE = r"""
-import json, os, socket, subprocess, sys, time, urllib.request
+import hashlib, json, os, socket, subprocess, sys, time, urllib.request
 
 def http(url, method="GET", key=None, body=None):
     headers = {"content-type": "application/json"}
@@ -47,7 +47,8 @@ def read(path):
             entries = sorted(os.listdir(path))
             return "ok listed " + ",".join(entries[:5]) if entries else "failed empty"
         with open(path, "rb") as handle:
-            return f"ok read {len(handle.read())} bytes"
+            data = handle.read()
+        return f"ok read {len(data)} bytes sha256 {hashlib.sha256(data).hexdigest()}"
     except OSError as exc:
         return f"failed errno {exc.errno}"
 
