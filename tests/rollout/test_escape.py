@@ -24,10 +24,10 @@ it is not the host's (different SHA-256). ``share_python`` does not apply to
 a container (it runs the image's Python), so the package is mounted
 explicitly in both cases.
 
-A wheel install is stood in for by mounting the repository's ``src`` into
-every sandbox (as ``share_python`` mounts ``sys.prefix``, and with it
-``site-packages/polar``): the package, and the task's hidden tests, must
-still be out of sight.
+The repository's ``src`` is mounted into every sandbox (as ``share_python``
+mounts ``sys.prefix``, and with it ``site-packages/polar``): the package, and
+the task's hidden tests, must still be out of sight. A node run from a real
+wheel install is ``tests/rollout/test_escape_wheel.py``.
 """
 
 from __future__ import annotations
@@ -148,6 +148,8 @@ def test_an_agent_cannot_escape_its_sandbox(
         },
     )
     sessions = stack.root / "sessions"
+    stray = Path.cwd() / "oom"  # where podman's conmon used to note a memory-limit kill
+    stray_before = stray.exists()
     address = host_ip()
     with (
         stack.client() as client,
@@ -264,5 +266,6 @@ def test_an_agent_cannot_escape_its_sandbox(
     assert loose_session.error is not None and "sandbox: false" in loose_session.error
     assert not marker.exists()
 
+    assert stray.exists() == stray_before, "a runtime left a file in the node's directory"
     assert after.status is TaskStatus.COMPLETED and after.results[0].reward == 1.0
     assert [n["node_id"] for n in nodes] == ["node-a"]
