@@ -7,6 +7,16 @@
     .venv/bin/python benchmarks/reliability.py big-prompts [--mb 4] [--count 3]
     .venv/bin/python benchmarks/reliability.py weight-sync [--calls 2000] [--sessions 32]
     .venv/bin/python benchmarks/reliability.py fuzz [--per-case 10000] [--seed 1]
+    .venv/bin/python benchmarks/reliability.py kill-server [--rounds 5] [--sessions 32] [--seed 1]
+    .venv/bin/python benchmarks/reliability.py load [--sessions 512] [--minutes 10]
+
+``kill-server``: ``kill -9`` of a ``polar serve`` process (the rollout
+server) while its tasks run on it and on a ``polar node``; see
+``reliability_server.py``.
+
+``load``: many concurrent streaming sessions against a ``polar gateway``
+process for minutes; its RSS over time, added latency, errors; see
+``reliability_load.py``.
 
 ``store``: the same calls written two ways, side by side in one run: one
 ``append`` per call (the old way: a call left no trace until it finished)
@@ -714,8 +724,37 @@ def main() -> None:
     p_fuzz = sub.add_parser("fuzz", help="mutated CLI requests against a gateway process")
     p_fuzz.add_argument("--per-case", type=int, default=10000)
     p_fuzz.add_argument("--seed", type=int, default=1)
+    p_server = sub.add_parser("kill-server", help="kill -9 rounds of the rollout server")
+    p_server.add_argument("--rounds", type=int, default=5)
+    p_server.add_argument("--sessions", type=int, default=32)
+    p_server.add_argument("--queued", type=int, default=8, help="sessions beyond capacity")
+    p_server.add_argument("--seed", type=int, default=1)
+    p_server.add_argument("--calls", type=int, default=4, help="chat calls per session")
+    p_server.add_argument("--pause-s", type=float, default=1.0, help="between calls")
+    p_load = sub.add_parser("load", help="many streaming sessions for minutes: RSS, latency")
+    p_load.add_argument("--sessions", type=int, default=512)
+    p_load.add_argument("--minutes", type=float, default=10.0)
+    p_load.add_argument("--seed", type=int, default=1)
+    p_load.add_argument("--think-s", type=float, default=2.0, help="mean pause between calls")
+    p_load.add_argument("--tokens", type=int, default=32, help="tokens per reply")
+    p_load.add_argument("--token-delay-s", type=float, default=0.02)
+    p_load.add_argument("--calls-per-session", type=int, default=20)
+    p_load.add_argument("--direct", type=int, default=16, help="agents calling the engine")
+    p_load.add_argument("--sample-s", type=float, default=10.0, help="RSS sampling period")
+    p_load.add_argument("--capture", default="engine_rendered")
     args = parser.parse_args()
-    if args.command == "fuzz":
+    if args.command == "load":
+        from reliability_load import load
+
+        load(
+            args.sessions, args.minutes, args.seed, args.think_s, args.tokens,
+            args.token_delay_s, args.calls_per_session, args.direct, args.sample_s, args.capture,
+        )  # fmt: skip
+    elif args.command == "kill-server":
+        from reliability_server import kill_server
+
+        kill_server(args.rounds, args.sessions, args.queued, args.seed, args.calls, args.pause_s)
+    elif args.command == "fuzz":
         fuzz(args.per_case, args.seed)
     elif args.command == "weight-sync":
         weight_sync(args.calls, args.sessions, args.syncs)

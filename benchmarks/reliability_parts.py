@@ -271,10 +271,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_gateway(port: int, engine_url: str, store: Path, token: str) -> subprocess.Popen[bytes]:
+def start_gateway(
+    port: int, engine_url: str, store: Path, token: str, extra: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """A ``polar gateway`` process (``extra``: more of its options), once it answers."""
     command = [
         sys.executable, "-m", "polar", "gateway", "--port", str(port), "--admin-token", token,
-        "--engine-url", engine_url, "--engine-model", "m", "--store", str(store),
+        "--engine-url", engine_url, "--engine-model", "m", "--store", str(store), *extra,
     ]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
