@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -196,7 +197,7 @@ def load(
         engine = subprocess.Popen(
             [*polar, "engine", "scripted", "--script", str(script), "--port", str(engine_port),
              "--token-delay-s", str(token_delay_s)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=(Path(tmp) / "engine.log").open("wb"), stderr=subprocess.STDOUT,
         )  # fmt: skip
         engine_url = f"http://127.0.0.1:{engine_port}"
         wait_for(f"{engine_url}/v1/models")
@@ -207,6 +208,7 @@ def load(
             Path(tmp) / "records.db",
             TOKEN,
             ("--capture", capture, "--engine-model", "scripted"),
+            log=Path(tmp) / "gateway.log",
         )
         url = f"http://127.0.0.1:{port}"
         tally = Tally()
@@ -230,11 +232,24 @@ def load(
         records = httpx.get(f"{url}/health").json()
         gateway.send_signal(signal.SIGTERM)
         gateway.wait()
+        with sqlite3.connect(Path(tmp) / "records.db") as conn:
+            statuses = Counter(
+                dict(conn.execute("SELECT status, count(*) FROM records GROUP BY 1"))
+            )
+            failures = Counter(
+                _shape("- - " + str(orjson.loads(e)["message"]))
+                for (e,) in conn.execute("SELECT error FROM records WHERE error IS NOT NULL")
+            )
         engine.send_signal(signal.SIGTERM)
         engine.wait()
+        logs = {name: (Path(tmp) / f"{name}.log").read_text(errors="replace") for name in
+                ("gateway", "engine")}  # fmt: skip
     print(f"wall {wall:.0f} s, {tally.calls} calls ok ({tally.calls / wall:.1f}/s)")
     print(f"gateway health at the end: {records.get('status')}, store {records.get('store')}")
     print("errors:", dict(tally.errors) if tally.errors else "none")
+    print(f"records: {dict(statuses)}")
+    for message, count in failures.most_common(6):
+        print(f"   {count:>6} x {message}")
     print("gateway RSS (MB) over time:")
     step = max(1, len(rss) // 20)
     print("   " + ", ".join(f"{t:.0f}s {m:.0f}" for t, m in [*rss[::step], rss[-1]]))
@@ -264,5 +279,16 @@ def load(
             f"(mean whole stream {statistics.mean(through) * 1e3:.1f} vs "
             f"{statistics.mean(d_total) * 1e3:.1f})"
         )
+    for name, text in logs.items():
+        lines = [line for line in text.splitlines() if "WARNING" in line or "ERROR" in line]
+        print(f"{name} log: {len(lines)} warnings/errors")
+        for line in Counter(_shape(line) for line in lines).most_common(8):
+            print(f"   {line[1]:>6} x {line[0]}")
     if tally.errors:
         raise SystemExit(1)
+
+
+def _shape(line: str) -> str:
+    """A log line without its time stamp and ids, so equal lines count together."""
+    words = line.split()[2:]
+    return " ".join(w if not any(c.isdigit() for c in w) else "#" for w in words)[:160]

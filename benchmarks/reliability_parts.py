@@ -272,14 +272,21 @@ def free_port() -> int:
 
 
 def start_gateway(
-    port: int, engine_url: str, store: Path, token: str, extra: tuple[str, ...] = ()
+    port: int,
+    engine_url: str,
+    store: Path,
+    token: str,
+    extra: tuple[str, ...] = (),
+    log: Path | None = None,
 ) -> subprocess.Popen[bytes]:
-    """A ``polar gateway`` process (``extra``: more of its options), once it answers."""
+    """A ``polar gateway`` process (``extra``: more of its options; its output to
+    ``log``, else dropped), once it answers."""
     command = [
         sys.executable, "-m", "polar", "gateway", "--port", str(port), "--admin-token", token,
         "--engine-url", engine_url, "--engine-model", "m", "--store", str(store), *extra,
     ]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = log.open("ab") if log is not None else subprocess.DEVNULL
+    proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

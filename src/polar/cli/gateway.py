@@ -160,4 +160,5 @@ def run_gateway(settings: GatewayConfig) -> None:
         loop="uvloop",
         http="httptools",
         access_log=False,
+        timeout_keep_alive=settings.keepalive_s,
     )

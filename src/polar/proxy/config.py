@@ -52,6 +52,13 @@ class EngineConfig(_Section):
         default=3600.0, gt=0, description="Longest one engine call may take, all told."
     )
     max_connections: int = Field(default=1024, ge=1)
+    keepalive_s: float = Field(
+        default=4.0,
+        gt=0,
+        description="An idle engine connection is reused only within this many seconds "
+        "(below the engine's own keep-alive: vLLM and SGLang close idle connections after "
+        "5 s, and a request sent as they do is lost).",
+    )
     max_attempts: int = Field(
         default=3, ge=1, description="Attempts per call for transient engine failures."
     )
@@ -178,6 +185,13 @@ class DialectsConfig(_Section):
 class GatewayConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    keepalive_s: int = Field(
+        default=75,
+        ge=1,
+        description="How long an idle client connection is kept open. Longer than the "
+        "clients' own (Node 4 s, httpx 5 s): a client that sends as the gateway closes "
+        "loses its request, so the client should be the one to close.",
+    )
     admin_token: str = Field(min_length=16, description="Token for /admin endpoints.")
     capture: CaptureMode = CaptureMode.ENGINE_RENDERED
     engine: EngineConfig

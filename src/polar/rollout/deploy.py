@@ -103,7 +103,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn(app: Any, log_level: str) -> uvicorn.Server:
+def _uvicorn(app: Any, log_level: str, keepalive_s: int = 5) -> uvicorn.Server:
     return uvicorn.Server(
         uvicorn.Config(
             app,
@@ -112,6 +112,7 @@ def _uvicorn(app: Any, log_level: str) -> uvicorn.Server:
             loop="asyncio",
             access_log=False,
             timeout_graceful_shutdown=5,
+            timeout_keep_alive=keepalive_s,
         )
     )
 
@@ -134,7 +135,7 @@ async def serve(
         service.bind_control(*control.getsockname()[:2])
         # The API first: its server is up before the gateway's start-up starts the node.
         servers.append((_uvicorn(service.control_app, log_level), control))
-        servers.append((_uvicorn(service.app, log_level), sock))
+        servers.append((_uvicorn(service.app, log_level, node_config.gateway.keepalive_s), sock))
     tasks = [asyncio.ensure_future(s.serve(sockets=[sock])) for s, sock in servers]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -4,7 +4,10 @@ Why not httpx: on the gateway's hot path its connection pool checks every idle
 connection on every request, and its anyio layers add a task switch per read;
 under a few hundred concurrent sessions that was most of the gateway's CPU.
 This client is an ``asyncio.Protocol`` with the C ``httptools`` response
-parser, a LIFO pool of keep-alive connections, and two timers per response:
+parser, a LIFO pool of keep-alive connections (one idle for ``keepalive_s`` or
+longer is closed, not reused: engines close idle connections themselves, vLLM
+and SGLang after 5 s, and a request sent as they do is lost), and two timers
+per response:
 one for silence (``read_timeout_s`` until the first body byte, then
 ``idle_timeout_s`` between bytes; not counted while the gateway's own client
 is too slow to take more) and one for the whole reply (``total_timeout_s``).
@@ -14,7 +17,8 @@ chunked replies, keep-alive, optional TLS.
 A request that fails on a pooled connection is *not* resent here: the engine
 may have received it, so the caller retries it as a new attempt under its own
 request id (:attr:`ConnectionLost.reused` tells it the connection was an idle
-one, which servers close at will).
+one, which servers close at will). Such a failure also closes every connection
+idle since before the one that failed, so the retry does not meet another.
 
 Failures surface as :class:`TransportFailure` subclasses, which the engine
 transport maps to the gateway's error tree.
@@ -142,6 +146,8 @@ class _Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._paused = False
+        self.idle_since = 0.0
+        """When the pool last took it back (the loop's clock)."""
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -288,6 +294,7 @@ class Http1Pool:
         idle_timeout_s: float = 60.0,
         total_timeout_s: float = 3600.0,
         max_idle: int = 1024,
+        keepalive_s: float = 4.0,
         default_headers: dict[str, str] | None = None,
     ) -> None:
         parts = urlsplit(base_url)
@@ -304,7 +311,9 @@ class Http1Pool:
         self.idle_timeout_s = idle_timeout_s
         self.total_timeout_s = total_timeout_s
         self._max_idle = max_idle
+        self.keepalive_s = keepalive_s
         self._idle: list[_Connection] = []
+        """Oldest first: :meth:`release` appends, :meth:`_reuse` pops the newest."""
         self._all: set[_Connection] = set()
         extra = "".join(f"{k}: {v}\r\n" for k, v in (default_headers or {}).items())
         self._extra_headers = extra.encode("latin-1")
@@ -343,7 +352,7 @@ class Http1Pool:
             + extra
             + b"\r\n"
         )
-        conn = self._idle.pop() if self._idle else None
+        conn = self._reuse()
         reused = conn is not None
         if conn is None:
             conn = await self._connect()
@@ -355,13 +364,33 @@ class Http1Pool:
             # decision (a new attempt, recorded as such), never this pool's.
             conn.close()
             exc.reused = reused
+            if reused:  # those idle longer are as likely closed: not for the retry
+                self._close_idle(since=conn.idle_since)
             raise
         except BaseException:
             conn.close()
             raise
 
+    def _reuse(self) -> _Connection | None:
+        """The newest idle connection if it has not been idle too long (then
+        none is: every other one is older, and all are closed)."""
+        if not self._idle:
+            return None
+        conn = self._idle.pop()
+        if conn.loop.time() - conn.idle_since < self.keepalive_s:
+            return conn
+        conn.close()
+        self._close_idle(since=conn.idle_since)
+        return None
+
+    def _close_idle(self, since: float) -> None:
+        """Close the idle connections taken back at ``since`` or before."""
+        for conn in [c for c in self._idle if c.idle_since <= since]:
+            conn.close()  # forget() takes it out of the idle list
+
     def release(self, conn: _Connection) -> None:
         if len(self._idle) < self._max_idle:
+            conn.idle_since = conn.loop.time()
             self._idle.append(conn)
         else:
             conn.close()

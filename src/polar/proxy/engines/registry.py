@@ -37,6 +37,7 @@ def _transport(config: EngineConfig) -> EngineTransport:
         idle_timeout_s=config.idle_timeout_s,
         total_timeout_s=config.total_timeout_s,
         max_connections=config.max_connections,
+        keepalive_s=config.keepalive_s,
     )
 
 

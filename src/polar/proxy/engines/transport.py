@@ -110,6 +110,7 @@ class EngineTransport:
         idle_timeout_s: float = 60.0,
         total_timeout_s: float = 3600.0,
         max_connections: int = 1024,
+        keepalive_s: float = 4.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         headers = {"content-type": "application/json"}
@@ -122,6 +123,7 @@ class EngineTransport:
             idle_timeout_s=idle_timeout_s,
             total_timeout_s=total_timeout_s,
             max_idle=max_connections,
+            keepalive_s=keepalive_s,
             default_headers=headers,
         )
 
