@@ -95,7 +95,7 @@ async def _stream(
         return 0.0, 0.0, f"{type(exc).__name__}"
     total = time.monotonic() - t0
     if status != 200:
-        return first, total, f"HTTP {status}"
+        return first, total, f"HTTP {status}: {_shape('- - ' + _message(b''.join(chunks)))}"
     if not _finished(dialect, b"".join(chunks).decode("utf-8", "replace")):
         return first, total, "stream not finished"
     return first, total, None
@@ -286,6 +286,13 @@ def load(
             print(f"   {line[1]:>6} x {line[0]}")
     if tally.errors:
         raise SystemExit(1)
+
+
+def _message(raw: bytes) -> str:
+    try:
+        return str(orjson.loads(raw)["error"]["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return repr(raw[:100])
 
 
 def _shape(line: str) -> str:

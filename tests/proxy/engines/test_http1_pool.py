@@ -13,10 +13,12 @@ import asyncio
 import pytest
 
 from polar.proxy.engines.http1 import ConnectionLost, Http1Pool
+from polar.proxy.engines.transport import EngineTransport
+from polar.proxy.errors import EngineUnavailable
 
 
 class Engine:
-    """Answers ``ok``; with ``one_shot``, a second request on a connection gets it
+    """Answers ``{}``; with ``one_shot``, a second request on a connection gets it
     closed without a reply (the engine's keep-alive timer fired as it arrived)."""
 
     def __init__(self, one_shot: bool) -> None:
@@ -38,7 +40,7 @@ class Engine:
                 if self.one_shot and served:
                     return
                 served += 1
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -62,11 +64,11 @@ def test_a_connection_idle_past_keepalive_is_closed_not_reused() -> None:
         engine = Engine(one_shot=False)
         server, url = await _serve(engine)
         pool = Http1Pool(url, keepalive_s=0.2)
-        assert await _get(pool) == b"ok"
-        assert await _get(pool) == b"ok"
+        assert await _get(pool) == b"{}"
+        assert await _get(pool) == b"{}"
         assert engine.connections == 1  # reused while fresh
         await asyncio.sleep(0.3)
-        assert await _get(pool) == b"ok"
+        assert await _get(pool) == b"{}"
         assert engine.connections == 2
         await pool.aclose()
         server.close()
@@ -83,14 +85,35 @@ def test_a_pooled_connection_found_closed_takes_the_older_idle_ones_with_it() ->
         engine = Engine(one_shot=True)
         server, url = await _serve(engine)
         pool = Http1Pool(url, keepalive_s=60)
-        assert await asyncio.gather(*(_get(pool) for _ in range(3))) == [b"ok"] * 3
+        assert await asyncio.gather(*(_get(pool) for _ in range(3))) == [b"{}"] * 3
         assert engine.connections == 3
         with pytest.raises(ConnectionLost) as lost:
             await _get(pool)
         assert lost.value.reused
-        assert await _get(pool) == b"ok"
+        assert await _get(pool) == b"{}"
         assert engine.connections == 4
         await pool.aclose()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_an_idempotent_request_lost_on_a_closed_idle_connection_is_sent_again() -> None:
+    """``/tokenize`` (before a call's record exists) gave a 502 when it met an
+    idle connection the engine had closed; it changes nothing on the engine, so
+    it is sent again. A generation is not: its caller retries it as a new,
+    recorded attempt."""
+
+    async def main() -> None:
+        engine = Engine(one_shot=True)
+        server, url = await _serve(engine)
+        transport = EngineTransport(url, keepalive_s=60)
+        assert await transport.post_json("/tokenize", {}, idempotent=True) == {}
+        assert await transport.post_json("/tokenize", {}, idempotent=True) == {}
+        assert engine.connections == 2
+        with pytest.raises(EngineUnavailable, match="kept-alive"):
+            await transport.post_json("/v1/chat/completions", {})
+        await transport.aclose()
         server.close()
 
     asyncio.run(main())

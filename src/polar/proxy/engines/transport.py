@@ -16,6 +16,7 @@ from polar.proxy.engines.http1 import (
     Http1Pool,
     ProtocolFailure,
     ReadTimeout,
+    Response,
 )
 from polar.proxy.errors import (
     EngineHTTPError,
@@ -133,18 +134,37 @@ class EngineTransport:
     async def get_json(self, path: str) -> Any:
         """GET a path, return the decoded JSON reply."""
         with _mapped_errors(path):
-            response = await self._pool.request("GET", path, b"", {})
+            response = await self._request("GET", path, b"", {}, idempotent=True)
             content = await response.read()
         return _json_reply(path, response.status, content)
 
     async def post_json(
-        self, path: str, body: Any, headers: Mapping[str, str] | None = None
+        self,
+        path: str,
+        body: Any,
+        headers: Mapping[str, str] | None = None,
+        *,
+        idempotent: bool = False,
     ) -> Any:
-        """POST a JSON body, return the decoded JSON reply."""
+        """POST a JSON body, return the decoded JSON reply. ``idempotent``: the
+        request changes nothing on the engine (``/tokenize``), so it is sent again
+        when an idle connection the engine had closed lost it."""
         with _mapped_errors(path):
-            response = await self._pool.request("POST", path, _encode(body), dict(headers or {}))
+            response = await self._request(
+                "POST", path, _encode(body), dict(headers or {}), idempotent=idempotent
+            )
             content = await response.read()
         return _json_reply(path, response.status, content)
+
+    async def _request(
+        self, method: str, path: str, body: bytes, headers: dict[str, str], *, idempotent: bool
+    ) -> Response:
+        try:
+            return await self._pool.request(method, path, body, headers)
+        except ConnectionLost as exc:
+            if not (idempotent and exc.reused):
+                raise
+        return await self._pool.request(method, path, body, headers)
 
     async def stream_sse(
         self, path: str, body: Any, headers: Mapping[str, str] | None = None

@@ -88,7 +88,7 @@ class VllmChatEngine:
         for key in ("tools", "chat_template_kwargs"):
             if key in body:
                 tokenize[key] = body[key]
-        reply = await self._transport.post_json("/tokenize", tokenize)
+        reply = await self._transport.post_json("/tokenize", tokenize, idempotent=True)
         try:
             return int(reply["count"])
         except (KeyError, TypeError, ValueError):
