@@ -144,10 +144,12 @@ def gateway(
 def run_gateway(settings: GatewayConfig) -> None:
     import uvicorn
 
+    from polar.malloctune import pin_mmap_threshold
     from polar.proxy.app import create_app
     from polar.proxy.gateway import Gateway
 
     configure_logging(settings.log_level)
+    pin_mmap_threshold()
     try:
         gateway_ = Gateway(settings)
     except ConfigError as exc:

@@ -206,10 +206,12 @@ def validate_config(command: str, model: type[M], data: dict[str, Any]) -> M:
 
 
 def _run(command: str, server: ServerConfig | None, node: NodeConfig | None, level: str) -> None:
+    from polar.malloctune import pin_mmap_threshold
     from polar.rollout.deploy import serve as serve_both
     from polar.runtime.errors import UnsupportedSpec
 
     configure_logging(level)
+    pin_mmap_threshold()
     try:
         asyncio.run(serve_both(server, node, level))
     except UnsupportedSpec as exc:
