@@ -6,7 +6,7 @@
     .venv/bin/python benchmarks/reliability.py kill-gateway [--rounds 5] [--sessions 32] [--seed 1]
     .venv/bin/python benchmarks/reliability.py big-prompts [--mb 4] [--count 3]
     .venv/bin/python benchmarks/reliability.py weight-sync [--calls 2000] [--sessions 32]
-    .venv/bin/python benchmarks/reliability.py fuzz [--per-case 10000] [--seed 1]
+    .venv/bin/python benchmarks/reliability.py fuzz [--per-case 10000] [--seed 1] [--capture M,M]
     .venv/bin/python benchmarks/reliability.py kill-server [--rounds 5] [--sessions 32] [--seed 1]
     .venv/bin/python benchmarks/reliability.py load [--sessions 512] [--minutes 10]
 
@@ -431,7 +431,7 @@ def weight_sync(calls: int, sessions: int, syncs: int) -> None:
         raise SystemExit(1)
 
 
-def fuzz(per_case: int, seed: int) -> None:
+def fuzz(per_case: int, seed: int, modes: list[str]) -> None:
     fixtures = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "harness"
     bases: dict[Dialect, list[dict[str, object]]] = {d: [] for d in DIALECTS}
     for path in sorted(fixtures.glob("*/*.json")):
@@ -440,7 +440,7 @@ def fuzz(per_case: int, seed: int) -> None:
     token = "bench-admin-token-0123456789"
     print(f"seed {seed}, {per_case} mutants per dialect and capture mode")
     print(f"{'mode':>19} {'dialect':>19} {'2xx':>6} {'4xx':>6} {'5xx':>4} {'dropped':>7} "
-          f"{'slowest s':>9} {'RSS MB':>13}")  # fmt: skip
+          f"{'slowest s':>9} {'RSS MB 0/10%/end/max':>19} {'wall s':>7}")  # fmt: skip
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "script.json"
@@ -452,7 +452,7 @@ def fuzz(per_case: int, seed: int) -> None:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         wait_for(f"http://127.0.0.1:{engine_port}/v1/models")
-        for mode in ("engine_rendered", "token_in_token_out"):
+        for mode in modes:
             port = free_port()
             command = [
                 sys.executable, "-m", "polar", "gateway", "--port", str(port),
@@ -478,8 +478,13 @@ def fuzz(per_case: int, seed: int) -> None:
                 samples: list[str] = []
                 slowest = 0.0
                 rss_start = rss_of(gateway.pid)
+                rss_tenth, peak, case_started = rss_start, rss_start, time.monotonic()
                 with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
-                    for _ in range(per_case):
+                    for n in range(per_case):
+                        if n % 100 == 0:
+                            peak = max(peak, rss_of(gateway.pid))
+                        if n == per_case // 10:
+                            rss_tenth = rss_of(gateway.pid)
                         raw = mutant(rng.choice(bases[dialect]), rng)
                         t0 = time.monotonic()
                         try:
@@ -492,12 +497,15 @@ def fuzz(per_case: int, seed: int) -> None:
                             continue
                         slowest = max(slowest, time.monotonic() - t0)
                         counts[f"{status // 100}xx"] = counts.get(f"{status // 100}xx", 0) + 1
-                rss = f"{rss_start:.0f}->{rss_of(gateway.pid):.0f}"
+                rss_end = rss_of(gateway.pid)
+                rss = f"{rss_start:.0f}/{rss_tenth:.0f}/{rss_end:.0f}/{max(peak, rss_end):.0f}"
                 bad += counts["5xx"] + counts["dropped"]
                 c = counts
                 print(
                     f"{mode:>19} {dialect.value:>19} {c['2xx']:>6} {c['4xx']:>6} {c['5xx']:>4} "
-                    f"{c['dropped']:>7} {slowest:>9.2f} {rss:>13}"
+                    f"{c['dropped']:>7} {slowest:>9.2f} {rss:>19} "
+                    f"{time.monotonic() - case_started:>7.0f}",
+                    flush=True,
                 )
                 for sample in samples[:3]:
                     print("   5xx:", sample)
@@ -724,6 +732,7 @@ def main() -> None:
     p_fuzz = sub.add_parser("fuzz", help="mutated CLI requests against a gateway process")
     p_fuzz.add_argument("--per-case", type=int, default=10000)
     p_fuzz.add_argument("--seed", type=int, default=1)
+    p_fuzz.add_argument("--capture", default="engine_rendered,token_in_token_out")
     p_server = sub.add_parser("kill-server", help="kill -9 rounds of the rollout server")
     p_server.add_argument("--rounds", type=int, default=5)
     p_server.add_argument("--sessions", type=int, default=32)
@@ -755,7 +764,7 @@ def main() -> None:
 
         kill_server(args.rounds, args.sessions, args.queued, args.seed, args.calls, args.pause_s)
     elif args.command == "fuzz":
-        fuzz(args.per_case, args.seed)
+        fuzz(args.per_case, args.seed, args.capture.split(","))
     elif args.command == "weight-sync":
         weight_sync(args.calls, args.sessions, args.syncs)
     elif args.command == "big-prompts":
