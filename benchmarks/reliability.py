@@ -483,6 +483,13 @@ def fuzz(per_case: int, seed: int, modes: list[str]) -> None:
                     for n in range(per_case):
                         if n % 100 == 0:
                             peak = max(peak, rss_of(gateway.pid))
+                        if n and n % 1000 == 0:
+                            print(
+                                f"   {mode} {dialect.value}: {n} sent, {counts}, slowest "
+                                f"{slowest:.2f} s, RSS {rss_of(gateway.pid):.0f} MB, "
+                                f"{time.monotonic() - case_started:.0f} s",
+                                flush=True,
+                            )
                         if n == per_case // 10:
                             rss_tenth = rss_of(gateway.pid)
                         raw = mutant(rng.choice(bases[dialect]), rng)
