@@ -37,22 +37,10 @@ from polar.rollout.client import RolloutClient, RolloutError
 from polar.rollout.protocol import HarnessSpec, SessionStatus, TaskSubmission, TaskView
 from polar.tasks.model import DirectoryWorkspace, EvaluatorSpec, Task
 from reliability_parts import free_port, wait_for
+from rollout import AGENT  # steps of: a pause (its tool), then a chat call
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-control-token-0123456789"
-AGENT = r"""
-import json, os, sys, time, urllib.request
-for i in range(int(sys.argv[1])):
-    time.sleep(float(sys.argv[2]))
-    body = {"model": os.environ["OPENAI_MODEL"],
-            "messages": [{"role": "user", "content": f"step {i}"}]}
-    request = urllib.request.Request(
-        os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
-        headers={"authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
-                 "content-type": "application/json"})
-    urllib.request.urlopen(request, timeout=60).read()
-open("done", "w").write("1")
-"""
 
 
 def _node_section(root: Path, name: str, engine_url: str, run: int) -> dict[str, object]:
