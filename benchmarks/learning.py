@@ -182,7 +182,7 @@ def rollout_service(root: Path, engine: dict[str, Any], model: str) -> Iterator[
     server.start()
     node_config = NodeConfig.model_validate(
         {
-            "node_id": "node-a",
+            "node_id": f"node-{root.name}",
             "server_url": server.url,
             "control_token": TOKEN,
             "sessions_dir": str(root / "sessions"),
@@ -443,15 +443,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout", type=int, default=10)
     parser.add_argument("--sft-attempts", type=int, default=1)
     parser.add_argument("--expert-accuracy", type=float, default=0.8)
-    parser.add_argument("--sft-steps", type=int, default=12)
-    parser.add_argument("--sft-lr", type=float, default=3e-3)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--sft-steps", type=int, default=130)
+    parser.add_argument("--sft-lr", type=float, default=1e-2)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--groups-per-step", type=int, default=2)
+    parser.add_argument("--groups-per-step", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-group-size", type=int, default=4)
-    parser.add_argument("--train-eval", type=int, default=10)
+    parser.add_argument("--train-eval", type=int, default=8)
     args = parser.parse_args(argv)
     if args.small:
         args.names, args.heldout, args.steps, args.group_size = 4, 3, 2, 4
