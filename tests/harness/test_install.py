@@ -27,7 +27,13 @@ from polar.harness import (
     load_harness,
     run_process,
 )
-from polar.harness.install import INSTALL_STAMP, venv_dir
+from polar.harness.install import (
+    INSTALL_STAMP,
+    LAUNCHER,
+    node_executable,
+    npm_prefix,
+    venv_dir,
+)
 
 FAKE_NPM = """#!{python}
 import json, pathlib, sys
@@ -173,8 +179,8 @@ def test_a_virtualenv_counts_as_installed_only_with_the_same_pins(tmp_path: Path
 
 VERSION_COMMANDS = {
     "codex": (["--version"], "codex-cli 0.169.0"),
-    "claude_code": (["--version"], "2.1.197 (Claude Code)"),
-    "qwen_code": (["--version"], "0.15.10"),
+    "claude_code": (["--version"], "2.1.331 (Claude Code)"),
+    "qwen_code": (["--version"], "0.24.4"),
     "pi": (["--version"], "0.73.1"),
     "opencode": (["--version"], "1.18.33"),
 }
@@ -218,4 +224,61 @@ def test_the_installed_mini_swe_agent_has_its_pinned_libraries(
         timeout_s=120,
     )
     assert result.ok, result.stderr
-    assert result.stdout.split() == ["2.4.6", "1.106.2"]
+    assert result.stdout.split() == ["2.4.6", "1.110.2"]
+
+
+def test_a_node_runtime_names_the_registry_package_for_this_platform() -> None:
+    runtime = NpmPackage("some-cli", "1.0.0", bin="some", node="24.21.0").node_package
+    assert runtime is not None
+    assert runtime.version == "24.21.0"
+    assert runtime.spec.startswith("node-") and runtime.spec.endswith("@24.21.0")
+    assert NpmPackage("some-cli", "1.0.0", bin="some").node_package is None
+
+
+def test_a_node_pin_is_part_of_what_counts_as_installed(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    package = NpmPackage("some-cli", "1.0.0", bin="some", node="24.21.0")
+    launcher = executable_path(package, cache)
+    assert launcher == npm_prefix(package, cache) / "polar-bin" / "some"
+    (npm_prefix(package, cache) / "node_modules" / "some-cli").mkdir(parents=True)
+    (npm_prefix(package, cache) / "node_modules" / "some-cli" / "package.json").write_text(
+        '{"version": "1.0.0"}'
+    )
+    launcher.parent.mkdir(parents=True)
+    launcher.touch()
+    (npm_prefix(package, cache) / INSTALL_STAMP).write_text(
+        f"some-cli@1.0.0\n{package.node_package.spec}\n"  # type: ignore[union-attr]
+    )
+    assert not is_installed(package, cache)  # the Node.js release is missing
+    node = node_executable(package.node_package, cache)  # type: ignore[arg-type]
+    node.parent.mkdir(parents=True)
+    node.touch()
+    assert is_installed(package, cache)
+
+
+def test_the_launcher_runs_the_cli_on_the_pinned_node_whatever_path_has(tmp_path: Path) -> None:
+    """The launcher (what ``_install_npm`` writes) puts the cache's Node.js
+    release first on PATH, found relative to itself, and execs the CLI. The
+    release and the CLI are stand-in scripts here: the real ones are the slow
+    version test above."""
+    cache = tmp_path / "cache"
+    package = NpmPackage("some-cli", "1.0.0", bin="some", node="24.21.0")
+    bin_dir = npm_prefix(package, cache) / "node_modules" / ".bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "some").write_text('#!/bin/sh\nnode "$@"\n')
+    node = node_executable(package.node_package, cache)  # type: ignore[arg-type]
+    node.parent.mkdir(parents=True)
+    node.write_text('#!/bin/sh\necho "pinned node $*"\n')
+    launcher = executable_path(package, cache)
+    launcher.parent.mkdir(parents=True)
+    launcher.write_text(LAUNCHER.format(spec=package.spec, node=package.node, bin=package.bin))
+    for script in (bin_dir / "some", node, launcher):
+        script.chmod(0o755)
+    result = run_process(
+        [str(launcher), "--version"],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        timeout_s=30,
+    )
+    assert result.ok, result.stderr
+    assert result.stdout == "pinned node --version\n"

@@ -30,8 +30,8 @@ GATEWAY = "http://127.0.0.1:8000"
 
 PINNED = {
     "codex": ("@openai/codex", "0.169.0", "codex"),
-    "claude_code": ("@anthropic-ai/claude-code", "2.1.197", "claude"),
-    "qwen_code": ("@qwen-code/qwen-code", "0.15.10", "qwen"),
+    "claude_code": ("@anthropic-ai/claude-code", "2.1.331", "claude"),
+    "qwen_code": ("@qwen-code/qwen-code", "0.24.4", "qwen"),
     "pi": ("@mariozechner/pi-coding-agent", "0.73.1", "pi"),
     "opencode": ("opencode-ai", "1.18.33", "opencode"),
     "mini_swe_agent": ("mini-swe-agent", "2.4.6", "mini"),

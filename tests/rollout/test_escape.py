@@ -9,18 +9,32 @@ two ports), the local bubblewrap sandbox with its cgroup, size-limited
 ``/tmp`` and loop-mounted session directory. The agent is a program run by
 the ``shell`` harness (``support.escape``). The node's limits are set small
 (the defaults are the same mechanism at larger sizes) so that hitting them
-takes a moment. Podman sessions are covered at the runtime level
-(``tests/runtime/test_isolation.py``), not here.
+takes a moment.
 
-A wheel install is stood in for by mounting the repository's ``src`` into
-every sandbox (as ``share_python`` mounts ``sys.prefix``, and with it
-``site-packages/polar``): the package, and the task's hidden tests, must
-still be out of sight.
+The suite runs twice: on the local bubblewrap backend, and with the node's
+runtime set to the ``docker`` backend driving podman (the test image of
+``support.images``, built by ``scripts/setup --sandbox``; skipped, saying why,
+where podman or the image is missing). Every attempt applies to podman and
+every limit is enforced there with the same session errors (pids through
+``--pids-limit``, memory through ``--memory``, a sized tmpfs ``/tmp``, the
+same loop-mounted session directory). One outcome differs by nature: a
+container has its own root filesystem, so ``/etc/shadow`` (and
+``/proc/1/root/etc/shadow``) read the *image's* file; the test checks that
+it is not the host's (different SHA-256). ``share_python`` does not apply to
+a container (it runs the image's Python), so the package is mounted
+explicitly in both cases.
+
+The repository's ``src`` is mounted into every sandbox (as ``share_python``
+mounts ``sys.prefix``, and with it ``site-packages/polar``): the package, and
+the task's hidden tests, must still be out of sight. A node run from a real
+wheel install is ``tests/rollout/test_escape_wheel.py``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -41,6 +55,7 @@ from polar.rollout.protocol import (
 from polar.runtime.base import RuntimeSpec
 from polar.tasks.model import Task
 
+from support import images
 from support.escape import escape_harness, escape_task
 from support.hostnet import Listener, host_ip
 from support.rollout import CONTROL_TOKEN, RolloutStack
@@ -86,19 +101,55 @@ def planted(tmp_path: Path) -> Iterator[dict[str, Path]]:
     home.unlink()
 
 
+def node_runtime(backend: str) -> dict[str, Any]:
+    """The node's runtime section for ``backend`` (skips where this host cannot run it)."""
+    if backend == "sandbox":
+        if shutil.which("bwrap") is None:
+            pytest.skip("bubblewrap is not installed (scripts/setup --sandbox)")
+        return {}
+    client = images.find_client()
+    if client is None or Path(client).name != "podman":
+        pytest.skip("podman does not answer here (scripts/setup --sandbox)")
+    try:
+        image = images.ensure_image(client)
+    except images.ImageUnavailable as exc:
+        pytest.skip(f"the podman test image cannot be built here: {exc}")
+    options = {"binary": client}
+    if shutil.which("runc"):
+        options["runtime"] = "runc"  # podman's crun refuses hybrid cgroup hierarchies
+    return {"backend": "docker", "image": image, "options": options}
+
+
+def sha256_of(path: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return "unreadable"
+
+
+@pytest.mark.parametrize("backend", ["sandbox", "podman"])
 def test_an_agent_cannot_escape_its_sandbox(
-    make_rollout: Callable[..., RolloutStack], tmp_path: Path, planted: dict[str, Path]
+    make_rollout: Callable[..., RolloutStack],
+    tmp_path: Path,
+    planted: dict[str, Path],
+    backend: str,
 ) -> None:
     src = PACKAGE.parent
+    runtime = node_runtime(backend)
     stack = make_rollout(
         {"turns": [{"text": "no"}]},
         node={
             "keep_sessions": "always",
             "limits": LIMITS,
-            "runtime": {"mounts": [{"path": str(src)}, {"path": str(planted["mounted"])}]},
+            "runtime": {
+                **runtime,
+                "mounts": [{"path": str(src)}, {"path": str(planted["mounted"])}],
+            },
         },
     )
     sessions = stack.root / "sessions"
+    stray = Path.cwd() / "oom"  # where podman's conmon used to note a memory-limit kill
+    stray_before = stray.exists()
     address = host_ip()
     with (
         stack.client() as client,
@@ -186,6 +237,13 @@ def test_an_agent_cannot_escape_its_sandbox(
     print(json.dumps(report, indent=1))
     assert report.pop("relay model call, own key") == "ok 200", report
     worked = {name: outcome for name, outcome in report.items() if outcome.startswith("ok")}
+    if backend == "podman":
+        # The container's own root: /etc/shadow (and PID 1's view of it) is the
+        # image's file, readable by the container's root, never the host's.
+        host = sha256_of("/etc/shadow")
+        for name in ("read /etc/shadow", "read /proc/1/root (the sandbox's init)"):
+            outcome = worked.pop(name)
+            assert outcome.startswith("ok read") and host not in outcome, (name, outcome)
     assert worked == {}, worked
     assert accepted == (0, 0)
     for name, path in targets["writes"].items():
@@ -208,5 +266,6 @@ def test_an_agent_cannot_escape_its_sandbox(
     assert loose_session.error is not None and "sandbox: false" in loose_session.error
     assert not marker.exists()
 
+    assert stray.exists() == stray_before, "a runtime left a file in the node's directory"
     assert after.status is TaskStatus.COMPLETED and after.results[0].reward == 1.0
     assert [n["node_id"] for n in nodes] == ["node-a"]

@@ -7,7 +7,7 @@ prints one JSON object, ``{attempt: outcome}``, on its last stdout line (the
 node keeps the agent's output tail in the session result). An outcome that
 starts with ``ok`` means the attempt *worked*. The other modes push a limit:
 ``pids``, ``memory``, ``tmp``, ``disk``, each printing what it got before the
-node stopped it.
+node stopped it. ``read '<json {name: path}>'`` only tries the reads.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from polar.tasks.model import DirectoryWorkspace, EvaluatorSpec, Task
 
 ESCAPE = r"""
-import json, os, socket, subprocess, sys, time, urllib.request
+import hashlib, json, os, socket, subprocess, sys, time, urllib.request
 
 def http(url, method="GET", key=None, body=None):
     headers = {"content-type": "application/json"}
@@ -47,7 +47,8 @@ def read(path):
             entries = sorted(os.listdir(path))
             return "ok listed " + ",".join(entries[:5]) if entries else "failed empty"
         with open(path, "rb") as handle:
-            return f"ok read {len(handle.read())} bytes"
+            data = handle.read()
+        return f"ok read {len(data)} bytes sha256 {hashlib.sha256(data).hexdigest()}"
     except OSError as exc:
         return f"failed errno {exc.errno}"
 
@@ -96,6 +97,8 @@ if mode == "probe":
     out["see host processes in /proc"] = "ok " + ",".join(host_procs) if host_procs else "no"
     out["read /proc/1/root (the sandbox's init)"] = read("/proc/1/root/etc/shadow")
     print(json.dumps(out))
+elif mode == "read":
+    print(json.dumps({name: read(path) for name, path in json.loads(sys.argv[2]).items()}))
 elif mode == "pids":
     children = []
     try:

@@ -24,6 +24,16 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8011,
     max_batch: Annotated[int, typer.Option(help="Most requests generated together.")] = 8,
     threads: Annotated[int, typer.Option(help="Torch threads (0: torch's default).")] = 0,
+    max_memory_gib: Annotated[
+        float,
+        typer.Option(
+            help="Most memory a batch may take (KV cache, prefill); larger requests "
+            "are refused with a 400."
+        ),
+    ] = 4.0,
+    prefill_chunk: Annotated[
+        int, typer.Option(help="Prompt positions prefilled at once (bounds attention memory).")
+    ] = 1024,
     logprobs_mode: Annotated[
         str,
         typer.Option(help="raw: logprobs before temperature/top-p (like vLLM); processed: after."),
@@ -36,6 +46,8 @@ def serve(
 
     if logprobs_mode not in ("raw", "processed"):
         fail("engine serve", "--logprobs-mode must be raw or processed")
+    if max_memory_gib <= 0 or prefill_chunk < 1:
+        fail("engine serve", "--max-memory-gib must be positive and --prefill-chunk at least 1")
     if not (model / "config.json").exists():
         fail(
             "engine serve", f"no model in {model} (build one with: polar model init --out {model})"
@@ -46,6 +58,8 @@ def serve(
         max_batch=max_batch,
         threads=threads or None,
         logprobs_mode="raw" if logprobs_mode == "raw" else "processed",
+        prefill_chunk=prefill_chunk,
+        max_memory_bytes=int(max_memory_gib * 2**30),
     )
     try:
         uvicorn.run(

@@ -3,6 +3,8 @@
 Layout under the cache directory (``.cache/harness`` by default)::
 
     npm/<slug>/node_modules/.bin/<bin>    one npm prefix per package
+    npm/<slug>/polar-bin/<bin>             launcher on the package's own Node.js (if pinned)
+    node/<version>/node_modules/.bin/node  a Node.js release, shared by the packages pinning it
     npm-cache/                             npm's download cache (reused across runs)
     venvs/<name>/bin/<bin>                 one virtualenv per PyPI package
     pip-cache/                             pip's download cache
@@ -16,6 +18,13 @@ them (:attr:`NpmPackage.install_scripts`). npm 11 still runs every script by
 default, only warning that it is "not yet covered by allowScripts"; Claude Code
 and opencode do need theirs (they link the native binary), the dependencies'
 (pi's ``koffi``) are not needed.
+
+A package that pins its Node.js (:attr:`NpmPackage.node`) runs through a
+launcher script that puts that release first on ``PATH`` and execs the CLI,
+so the CLI and every ``node`` it starts use it, wherever the CLI is run from
+(a plain subprocess, a sandbox with the cache mounted): the launcher finds
+the cache relative to itself. The release comes from the npm registry (the
+``node-<os>-<arch>`` package), like the CLIs themselves.
 
 An install is skipped when the pinned version is already there: the installed
 ``package.json`` (npm) or ``*.dist-info`` directory (pip) must show the
@@ -37,7 +46,7 @@ from pathlib import Path
 from typing import assert_never
 
 from polar.harness.errors import InstallError
-from polar.harness.package import NpmPackage, Package, PythonPackage
+from polar.harness.package import NodeRuntime, NpmPackage, Package, PythonPackage
 
 DEFAULT_CACHE_DIR = Path(".cache/harness")
 DEFAULT_PYTHON = "python3.11"
@@ -61,6 +70,14 @@ def npm_prefix(package: NpmPackage, cache_dir: Path) -> Path:
     return cache_dir / "npm" / package.slug
 
 
+def node_prefix(runtime: NodeRuntime, cache_dir: Path) -> Path:
+    return cache_dir / "node" / runtime.version
+
+
+def node_executable(runtime: NodeRuntime, cache_dir: Path) -> Path:
+    return node_prefix(runtime, cache_dir) / "node_modules" / ".bin" / "node"
+
+
 def venv_dir(package: PythonPackage, cache_dir: Path) -> Path:
     return cache_dir / "venvs" / package.slug
 
@@ -69,7 +86,8 @@ def executable_path(package: Package, cache_dir: Path) -> Path:
     """Where the package's command is once installed (whether or not it is)."""
     match package:
         case NpmPackage():
-            return npm_prefix(package, cache_dir) / "node_modules" / ".bin" / package.bin
+            launcher = "polar-bin" if package.node is not None else "node_modules/.bin"
+            return npm_prefix(package, cache_dir) / launcher / package.bin
         case PythonPackage():
             return venv_dir(package, cache_dir) / "bin" / package.bin
         case _:
@@ -89,6 +107,9 @@ def install_root(package: Package, cache_dir: Path) -> Path:
 def installed_version(package: Package, cache_dir: Path) -> str | None:
     """The version of the package completely installed in the cache, or None."""
     if not executable_path(package, cache_dir).exists():
+        return None
+    runtime = package.node_package if isinstance(package, NpmPackage) else None
+    if runtime is not None and not node_executable(runtime, cache_dir).exists():
         return None
     stamp = install_root(package, cache_dir) / INSTALL_STAMP
     try:
@@ -128,6 +149,8 @@ def install(package: Package, cache_dir: Path, toolchain: Toolchain | None = Non
     """
     toolchain = toolchain or Toolchain()
     cache_dir = cache_dir.resolve()
+    if isinstance(package, NpmPackage) and package.node_package is not None:
+        install_node(package.node_package, cache_dir, toolchain)
     with _lock(cache_dir / "locks" / f"{package.slug}.lock"):
         if not is_installed(package, cache_dir):
             stamp = install_root(package, cache_dir) / INSTALL_STAMP
@@ -149,8 +172,45 @@ def install(package: Package, cache_dir: Path, toolchain: Toolchain | None = Non
     return executable_path(package, cache_dir)
 
 
-def _install_npm(package: NpmPackage, cache_dir: Path, toolchain: Toolchain) -> None:
-    prefix = npm_prefix(package, cache_dir)
+def install_node(runtime: NodeRuntime, cache_dir: Path, toolchain: Toolchain | None = None) -> Path:
+    """Install a Node.js release from the npm registry unless it is there; its ``node``."""
+    toolchain = toolchain or Toolchain()
+    cache_dir = cache_dir.resolve()
+    node = node_executable(runtime, cache_dir)
+    with _lock(cache_dir / "locks" / f"node-{runtime.version}.lock"):
+        stamp = node_prefix(runtime, cache_dir) / INSTALL_STAMP
+        try:
+            if node.exists() and stamp.read_text(encoding="utf-8") == runtime.spec + "\n":
+                return node
+        except OSError:
+            pass
+        stamp.unlink(missing_ok=True)
+        # The package has no install script: --ignore-scripts loses nothing.
+        _npm_add(runtime.spec, node_prefix(runtime, cache_dir), cache_dir, toolchain)
+        try:
+            done = subprocess.run(
+                [str(node), "--version"], capture_output=True, text=True, timeout=60, check=False
+            )
+            found = done.stdout.strip()
+        except OSError as exc:
+            found = f"not runnable ({exc.strerror})"
+        if found != f"v{runtime.version}":
+            raise InstallError(f"{runtime.spec}: installed, but {node} --version says {found!r}")
+        stamp.write_text(runtime.spec + "\n", encoding="utf-8")
+    return node
+
+
+LAUNCHER = """#!/bin/sh
+# Written by polar: runs {spec} on Node.js {node} from this cache.
+here=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)
+PATH="$here/../../../node/{node}/node_modules/.bin:$PATH"
+export PATH
+exec "$here/../node_modules/.bin/{bin}" "$@"
+"""
+
+
+def _npm_add(spec: str, prefix: Path, cache_dir: Path, toolchain: Toolchain) -> None:
+    """``npm install`` one exact version into its own prefix, no install scripts."""
     prefix.mkdir(parents=True, exist_ok=True)
     _run(
         [
@@ -159,11 +219,16 @@ def _install_npm(package: NpmPackage, cache_dir: Path, toolchain: Toolchain) -> 
             "--cache", str(cache_dir / "npm-cache"),
             "--save-exact", "--ignore-scripts",
             "--no-audit", "--no-fund", "--no-update-notifier", "--loglevel=error",
-            package.spec,
+            spec,
         ],
-        what=package.spec,
+        what=spec,
         toolchain=toolchain,
     )  # fmt: skip
+
+
+def _install_npm(package: NpmPackage, cache_dir: Path, toolchain: Toolchain) -> None:
+    prefix = npm_prefix(package, cache_dir)
+    _npm_add(package.spec, prefix, cache_dir, toolchain)
     if package.install_scripts:
         # The scripts may run the CLI itself (opencode's checks `opencode --version`),
         # which would create its config and data directories in the installing
@@ -180,6 +245,14 @@ def _install_npm(package: NpmPackage, cache_dir: Path, toolchain: Toolchain) -> 
                 toolchain=toolchain,
                 home=Path(home),
             )  # fmt: skip
+    if package.node is not None:
+        launcher = executable_path(package, cache_dir)
+        launcher.parent.mkdir(parents=True, exist_ok=True)
+        launcher.write_text(
+            LAUNCHER.format(spec=package.spec, node=package.node, bin=package.bin),
+            encoding="utf-8",
+        )
+        launcher.chmod(0o755)
 
 
 def _install_python(package: PythonPackage, cache_dir: Path, toolchain: Toolchain) -> None:
@@ -201,7 +274,14 @@ def _install_python(package: PythonPackage, cache_dir: Path, toolchain: Toolchai
 
 
 def _stamp(package: Package) -> str:
-    extra = package.requirements if isinstance(package, PythonPackage) else ()
+    match package:
+        case NpmPackage():
+            runtime = package.node_package
+            extra: tuple[str, ...] = (runtime.spec,) if runtime is not None else ()
+        case PythonPackage():
+            extra = package.requirements
+        case _:
+            assert_never(package)
     return "\n".join((package.spec, *extra)) + "\n"
 
 

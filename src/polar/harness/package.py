@@ -5,7 +5,9 @@ Pure data; :mod:`polar.harness.install` puts them into the project cache.
 
 from __future__ import annotations
 
+import platform
 import re
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,18 +21,43 @@ class NpmPackage:
     Code's and opencode's postinstall put the native binary from the platform
     package in place of a stub that only prints an error); scripts of its
     dependencies never run.
+    ``node``: the Node.js release the CLI runs on, installed from the npm
+    registry into the cache (the ``node-<os>-<arch>`` package that carries the
+    official binary) and put first on the CLI's ``PATH`` by a launcher;
+    ``None`` runs it on whatever ``node`` the caller's ``PATH`` has.
     """
 
     name: str
     version: str
     bin: str
     install_scripts: bool = False
+    node: str | None = None
     kind: Literal["npm"] = "npm"
 
     @property
     def slug(self) -> str:
         """A directory name for this package: ``@openai/codex`` -> ``openai-codex``."""
         return self.name.removeprefix("@").replace("/", "-")
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @property
+    def node_package(self) -> NodeRuntime | None:
+        return NodeRuntime(self.node) if self.node is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRuntime:
+    """A Node.js release as the npm registry ships it: the ``node-<os>-<arch>``
+    package (no install script; its ``bin/node`` is the official binary)."""
+
+    version: str
+
+    @property
+    def name(self) -> str:
+        return f"node-{_NODE_OS.get(sys.platform, sys.platform)}-{_node_arch()}"
 
     @property
     def spec(self) -> str:
@@ -68,3 +95,11 @@ class PythonPackage:
 
 
 Package = NpmPackage | PythonPackage
+
+_NODE_OS = {"linux": "linux", "darwin": "darwin", "win32": "win"}
+_NODE_ARCH = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+def _node_arch() -> str:
+    machine = platform.machine().lower()
+    return _NODE_ARCH.get(machine, machine)

@@ -169,6 +169,13 @@ class EditKind(StrEnum):
     """Claude Code's per-request ``x-anthropic-billing-header`` system block,
     which changes every call and would break token prefixes."""
 
+    DEFAULTED_MAX_TOKENS = "defaulted_max_tokens"
+    """No output limit was asked: the gateway set the rest of the context (or
+    the configured default), not the engine's 16-token default."""
+
+    CLAMPED_MAX_TOKENS = "clamped_max_tokens"
+    """The limit asked was more than the context leaves after the prompt."""
+
 
 @dataclass(frozen=True, slots=True)
 class RequestEdit:

@@ -27,6 +27,14 @@ class RecordStatus(StrEnum):
     """The engine call failed (HTTP error, timeout, connection, bad response)."""
     ABORTED = "aborted"
     """The client went away before the turn finished; output holds what was sampled."""
+    IN_FLIGHT = "in_flight"
+    """Dispatched to the engine and not finished yet. The row is written before
+    the engine is called, so a call survives the gateway's death; the next start
+    marks what was left in flight ``interrupted``."""
+    INTERRUPTED = "interrupted"
+    """The gateway died (crash, ``kill -9``, power loss) while the call was in
+    flight; output holds what was stored of it (the prompt, when the gateway
+    rendered it), never a finished turn."""
 
 
 class ErrorKind(StrEnum):
@@ -35,6 +43,10 @@ class ErrorKind(StrEnum):
     ENGINE_UNAVAILABLE = "engine_unavailable"
     ENGINE_PROTOCOL = "engine_protocol"
     CLIENT_DISCONNECTED = "client_disconnected"
+    SESSION_ENDED = "session_ended"
+    """The session's harness had ended; the gateway cut the orphaned call off."""
+    GATEWAY_STOPPED = "gateway_stopped"
+    """The gateway process stopped while the call was in flight."""
     INTERNAL = "internal"
 
 

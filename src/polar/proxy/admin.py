@@ -38,7 +38,7 @@ class Pause(BaseModel):
 
 class Resume(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    policy_version: int | None = Field(default=None, ge=0)
+    policy_version: int | None = Field(default=None, ge=0, le=(1 << 62))
 
 
 def _error(error: ProxyError) -> Response:
@@ -67,7 +67,8 @@ def _admin(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
 async def _body(request: Request) -> dict[str, Any]:
     if request.headers.get("content-length") in (None, "0"):
         return {}
-    return await read_json_object(request, _MAX_ADMIN_BODY)
+    gateway: Gateway = request.app.state.gateway
+    return await read_json_object(request, _MAX_ADMIN_BODY, gateway.body_limits)
 
 
 def _session_json(session_id: str, gateway: Gateway) -> dict[str, Any]:
@@ -173,9 +174,7 @@ async def pause(request: Request, gateway: Gateway) -> Response:
 
 async def resume(request: Request, gateway: Gateway) -> Response:
     spec = validate(Resume, await _body(request))
-    if spec.policy_version is not None:
-        await gateway.store.set_policy_version(spec.policy_version)
-    gateway.gate.resume(policy_version=spec.policy_version)
+    await gateway.resume(policy_version=spec.policy_version)
     return JSONResponse(_status(gateway))
 
 

@@ -48,7 +48,9 @@ def create_app(gateway: Gateway, *, extensions: Sequence[Extension] = ()) -> Rou
             await gateway.stop()
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        # 503 when calls cannot be recorded: a load balancer stops sending them here.
+        healthy, details = gateway.health()
+        return JSONResponse(details, status_code=200 if healthy else 503)
 
     async def root(request: Request) -> Response:
         # Some harnesses probe the base URL (Claude Code sends HEAD /) before calling.

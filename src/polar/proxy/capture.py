@@ -6,15 +6,21 @@
 * :class:`GatewayRendered` (token-in/token-out): the gateway renders the
   prompt itself, splicing in the raw sampled ids of earlier turns so prompts
   are append-only, sends token ids to the engine, and parses reasoning, text
-  and tool calls out of the sampled tokens as they stream.
+  and tool calls out of the sampled tokens as they stream. Rendering and
+  tokenizing run on :class:`~polar.proxy.offload.Offload` workers, never on
+  the event loop; a conversation the chat template refuses is a 400.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Sequence
+import functools
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar, assert_never
+
+from jinja2 import TemplateError
 
 from polar.ir import (
     CaptureMode,
@@ -24,19 +30,30 @@ from polar.ir import (
     EngineEvent,
     Finish,
     FinishReason,
+    ImagePart,
     JsonObject,
     MalformedToolCall,
     PromptLineage,
     PromptTokens,
+    ReasoningPart,
+    RequestEdit,
+    TextPart,
     TokenLogprob,
+    ToolCall,
     ToolSpec,
 )
 from polar.proxy.engines.base import NO_HEADERS, ChatEngine, Headers, TokenEngine, TokenRequest
+from polar.proxy.errors import InvalidRequest
+from polar.proxy.logtext import clip
+from polar.proxy.maxtokens import ContextWindow, limited
+from polar.proxy.offload import Offload
 from polar.proxy.render.delivery import ParsedTurn, Redelivery, call_flags, withdrawn_flags
 from polar.proxy.render.parse import OutputParser, ParserOptions, Piece
-from polar.proxy.render.splice import Transcript, plan_prompt
+from polar.proxy.render.splice import PromptPlan, Transcript, plan_prompt
 from polar.proxy.render.template import ChatTemplate
 from polar.proxy.render.tokens import TokenText
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -49,6 +66,11 @@ class PreparedCall:
     """Tool calls the gateway's parser could not read (filled while streaming)."""
     delivery_flags: list[DeliveryFlag] = field(default_factory=list)
     """Where delivery and the sampled ids disagree (complete at the ``Finish`` event)."""
+    edits: tuple[RequestEdit, ...] = ()
+    """Changes made while preparing (the output limit, :mod:`polar.proxy.maxtokens`)."""
+    prompt_ids: tuple[int, ...] = ()
+    """Known up front when the gateway rendered the prompt (stored before the
+    engine is called); else reported by the engine as it answers."""
 
 
 class Capture(Protocol):
@@ -60,9 +82,14 @@ class Capture(Protocol):
     @property
     def model(self) -> str: ...
 
-    def prepare(
+    async def prepare(
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
-    ) -> PreparedCall: ...
+    ) -> PreparedCall:
+        """Build the engine call, with the output limit of :mod:`polar.proxy.maxtokens`
+        (nothing is sent until its events are iterated). Raises
+        :class:`~polar.proxy.errors.InvalidRequest` for a request that cannot be
+        rendered."""
+        ...
 
     async def count_tokens(self, request: ChatRequest) -> int:
         """Prompt tokens the request would take (no splicing, no call made)."""
@@ -88,9 +115,16 @@ class EngineRendered:
 
     mode = CaptureMode.ENGINE_RENDERED
 
-    def __init__(self, engine: ChatEngine, *, reparse: Reparse | None = None) -> None:
+    def __init__(
+        self,
+        engine: ChatEngine,
+        *,
+        reparse: Reparse | None = None,
+        context: ContextWindow | None = None,
+    ) -> None:
         self.engine = engine
         self.reparse = reparse
+        self.context = context or ContextWindow()
 
     @property
     def engine_name(self) -> str:
@@ -100,12 +134,18 @@ class EngineRendered:
     def model(self) -> str:
         return self.engine.model
 
-    def prepare(
+    async def prepare(
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
     ) -> PreparedCall:
+        context = await self.context.length()
+        # The engine renders the prompt: only it can say how long it is.
+        prompt = await self.engine.count_tokens(request) if context is not None else 0
+        request, edits = limited(
+            request, prompt_tokens=prompt, context=context, default=self.context.default_max_tokens
+        )
         call = self.engine.prepare(request, headers=headers)
         if self.reparse is None:
-            return PreparedCall(body=call.body, events=call.events)
+            return PreparedCall(body=call.body, events=call.events, edits=edits)
         redelivery = Redelivery(
             self.reparse.text,
             self.reparse.parser,
@@ -118,6 +158,7 @@ class EngineRendered:
             events=redelivery.events(call.events),
             malformed=redelivery.malformed,
             delivery_flags=redelivery.flags,
+            edits=edits,
         )
 
     async def count_tokens(self, request: ChatRequest) -> int:
@@ -137,10 +178,14 @@ class GatewayRendered:
         *,
         parser: ParserOptions,
         stop_token_ids: tuple[int, ...] = (),
+        context: ContextWindow | None = None,
+        offload: Offload | None = None,
     ) -> None:
         self.template = template
         self.engine = engine
+        self.context = context or ContextWindow()
         self._parser = parser
+        self._offload = offload or Offload(workers=2, budget_bytes=64 << 20)
         self._stops = tuple(dict.fromkeys((template.end_of_turn_id, *stop_token_ids)))
 
     @property
@@ -152,25 +197,44 @@ class GatewayRendered:
         return self.engine.model
 
     async def count_tokens(self, request: ChatRequest) -> int:
-        ids, _ = self.template.render(
-            request.messages, request.tools, kwargs=request.template_kwargs
+        _need_messages(request)
+        ids, _ = await self._offload.run(
+            request_size(request), self._rendered, self.template.render, request
         )
         return len(ids)
 
-    def prepare(
+    def _rendered(self, step: Callable[..., T], request: ChatRequest, *args: object) -> T:
+        """Run a template step (on a worker), a refusal of the template becoming a 400."""
+        try:
+            return step(request.messages, request.tools, *args, kwargs=request.template_kwargs)
+        except TemplateError as exc:
+            raise InvalidRequest(
+                f"the chat template cannot render this conversation: {clip(str(exc))}"
+            ) from None
+
+    async def prepare(
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
     ) -> PreparedCall:
-        plan = plan_prompt(
-            self.template,
-            request.messages,
-            request.tools,
-            transcript,
-            kwargs=request.template_kwargs,
+        _need_messages(request)
+        # The worker reads a snapshot: the loop may add to the transcript meanwhile.
+        snapshot = Transcript(calls=deque(transcript.calls, maxlen=transcript.calls.maxlen))
+        plan: PromptPlan = await self._offload.run(
+            request_size(request),
+            self._rendered,
+            functools.partial(plan_prompt, self.template),
+            request,
+            snapshot,
         )
         opt = self._parser
         tail = plan.tail_text
         in_reasoning = opt.reasoning and tail.rfind(opt.think_start) > tail.rfind(opt.think_end)
         parser = OutputParser(opt, tools=request.tools, in_reasoning=in_reasoning)
+        request, edits = limited(
+            request,
+            prompt_tokens=len(plan.ids),
+            context=await self.context.length(),
+            default=self.context.default_max_tokens,
+        )
         call = self.engine.prepare(
             TokenRequest(
                 prompt_ids=plan.ids,
@@ -191,6 +255,8 @@ class GatewayRendered:
             lineage=plan.lineage,
             malformed=parser.malformed,
             delivery_flags=flags,
+            edits=edits,
+            prompt_ids=plan.ids,
         )
 
     async def _parse(
@@ -270,3 +336,25 @@ def _track(calls: set[int], piece: Piece) -> None:
             calls.discard(delta.index)
         else:
             calls.add(delta.index)
+
+
+def _need_messages(request: ChatRequest) -> None:
+    if not request.messages:
+        raise InvalidRequest("the request has no messages: there is no conversation to continue")
+
+
+def request_size(request: ChatRequest) -> int:
+    """About how many bytes of text a request carries (what rendering it costs)."""
+    size = 0
+    for message in request.messages:
+        for part in message.parts:
+            match part:
+                case TextPart(text=text) | ReasoningPart(text=text):
+                    size += len(text)
+                case ToolCall(arguments=arguments):
+                    size += len(arguments)
+                case ImagePart(url=url):
+                    size += len(url)
+                case _:
+                    assert_never(part)
+    return size + sum(len(str(tool.parameters)) for tool in request.tools)

@@ -37,7 +37,19 @@ class EngineConfig(_Section):
     api_key: str | None = Field(default=None, description="Bearer token for the engine, if any.")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(
-        default=900.0, gt=0, description="Longest silence allowed from the engine mid-call."
+        default=900.0,
+        gt=0,
+        description="Longest wait for the first byte of the engine's reply (its queue and "
+        "prefill; for a reply that is not streamed, the whole generation).",
+    )
+    idle_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Longest silence between bytes once a streamed reply has begun "
+        "(a stalled engine fails the call after this long).",
+    )
+    total_timeout_s: float = Field(
+        default=3600.0, gt=0, description="Longest one engine call may take, all told."
     )
     max_connections: int = Field(default=1024, ge=1)
     max_attempts: int = Field(
@@ -47,6 +59,17 @@ class EngineConfig(_Section):
     template_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="chat_template_kwargs sent with every call (e.g. enable_thinking).",
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="The model's context length in tokens (default: what the engine's "
+        "GET /v1/models reports as max_model_len). Output limits are kept within it.",
+    )
+    default_max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Output limit for calls that ask for none (default: the rest of the context).",
     )
 
     @field_validator("base_url")
@@ -93,10 +116,46 @@ class StoreConfig(_Section):
         default="normal",
         description="'normal' survives gateway crashes; 'full' also power loss (fsync per commit).",
     )
+    write_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest a call waits for its record to commit before it fails with 503.",
+    )
 
 
 class LimitsConfig(_Section):
+    """What one request may hold, checked before anything else reads it (400/413 in the
+    dialect's error shape), and how much CPU-heavy work runs at once."""
+
     max_body_bytes: int = Field(default=32 << 20, ge=1024)
+    max_json_depth: int = Field(
+        default=64,
+        ge=8,
+        le=200,
+        description="Deepest nesting of objects and arrays in a body (every later stage, "
+        "serialising included, handles at least 255).",
+    )
+    max_string_chars: int = Field(
+        default=4 << 20, ge=1024, description="Longest string (or object key) in a body."
+    )
+    max_array_items: int = Field(
+        default=16384, ge=16, description="Most items in one array or object of a body."
+    )
+    max_messages: int = Field(
+        default=10000, ge=1, description="Most messages (Responses: input items) in a request."
+    )
+    max_tools: int = Field(default=1024, ge=1, description="Most tools offered in a request.")
+    render_workers: int = Field(
+        default=2,
+        ge=1,
+        description="Worker threads that render and tokenize prompts (token-in/token-out) "
+        "and parse large bodies, off the event loop.",
+    )
+    render_budget_bytes: int = Field(
+        default=64 << 20,
+        ge=1 << 20,
+        description="Request bytes being rendered or parsed at once; more waits its turn.",
+    )
     pause_wait_s: float = Field(
         default=600.0, ge=0, description="How long a call waits while the gateway is paused."
     )

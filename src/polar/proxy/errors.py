@@ -59,6 +59,13 @@ class GatewayPaused(ProxyError):
     code = "overloaded_error"
 
 
+class StoreUnavailable(ProxyError):
+    """The record store cannot write: the call is refused rather than served unrecorded."""
+
+    status = 503
+    code = "store_unavailable"
+
+
 # ---------------------------------------------------------------- engine side
 
 
@@ -70,6 +77,8 @@ class EngineError(ProxyError):
     kind: ErrorKind = ErrorKind.ENGINE_PROTOCOL
     # Safe to retry when nothing of the reply has reached the client yet.
     retryable: bool = False
+    # Whether a retry waits first (not for a pooled connection found closed).
+    backoff: bool = True
 
 
 class EngineHTTPError(EngineError):
@@ -100,6 +109,10 @@ class EngineUnavailable(EngineError):
     status = 502
     kind = ErrorKind.ENGINE_UNAVAILABLE
     retryable = True
+
+    def __init__(self, message: str, *, backoff: bool = True, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.backoff = backoff
 
 
 class EngineProtocolError(EngineError):

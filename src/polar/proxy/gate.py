@@ -2,8 +2,10 @@
 
 A trainer pauses the gateway before it loads new weights into the engine, and
 resumes it with the new ``policy_version``, which is stamped on every record
-admitted afterwards. Calls that arrive while paused wait (up to a limit) rather
-than fail, so harnesses see a slow call instead of an error.
+admitted afterwards. (:meth:`polar.proxy.gateway.Gateway.resume` persists the
+version first, so a restarted gateway resumes at it.) Calls that arrive while
+paused wait (up to a limit) rather than fail, so harnesses see a slow call
+instead of an error.
 """
 
 from __future__ import annotations

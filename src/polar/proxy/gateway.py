@@ -16,49 +16,114 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from polar.ir import CompletionRecord, Dialect
 from polar.proxy.capture import Capture
 from polar.proxy.config import GatewayConfig
 from polar.proxy.engines.registry import build_capture
-from polar.proxy.errors import AuthenticationFailed
+from polar.proxy.errors import AuthenticationFailed, StoreUnavailable
 from polar.proxy.gate import Gate
+from polar.proxy.inbound import BodyLimits
+from polar.proxy.offload import Offload
 from polar.proxy.relay import Relay
 from polar.proxy.render.splice import Transcripts
-from polar.proxy.sessions import Session, SessionRegistry
-from polar.proxy.store import SqliteStore
+from polar.proxy.sessions import CallTracker, Session, SessionRegistry
+from polar.proxy.store import SqliteStore, StoreError
 
 _log = logging.getLogger(__name__)
+
+
+# Distinct unknown request field names remembered (and logged once each).
+MAX_UNKNOWN_FIELDS = 256
 
 
 class Gateway:
     def __init__(self, config: GatewayConfig, *, capture: Capture | None = None) -> None:
         self.config = config
-        self.store = SqliteStore(config.store.path, synchronous=config.store.synchronous)
+        limits = config.limits
+        self.store = SqliteStore(
+            config.store.path,
+            synchronous=config.store.synchronous,
+            write_timeout_s=config.store.write_timeout_s,
+        )
         self.sessions = SessionRegistry(self.store)
+        self.calls = CallTracker()
         self.gate = Gate()
         self.transcripts = Transcripts()
-        self.capture = capture if capture is not None else build_capture(config)
+        self.offload = Offload(
+            workers=limits.render_workers, budget_bytes=limits.render_budget_bytes
+        )
+        self.body_limits = BodyLimits(
+            depth=limits.max_json_depth,
+            string_chars=limits.max_string_chars,
+            array_items=limits.max_array_items,
+            messages=limits.max_messages,
+            tools=limits.max_tools,
+        )
+        self.capture = (
+            capture if capture is not None else build_capture(config, offload=self.offload)
+        )
         self.relay = Relay(
             self.capture,
             self.store,
             self.gate,
             self.transcripts,
+            self.calls,
             max_attempts=config.engine.max_attempts,
             retry_backoff_s=config.engine.retry_backoff_s,
-            pause_wait_s=config.limits.pause_wait_s,
+            pause_wait_s=limits.pause_wait_s,
         )
         self._unknown_fields: set[tuple[Dialect, str]] = set()
+        self._unknown_overflow = False
 
     async def start(self) -> None:
         self.store.open()
         self.sessions.load()
-        # a restarted gateway goes on at the version it was last resumed with
+        # A restarted gateway stamps the version it last resumed with.
         self.gate.set_policy_version(self.store.policy_version())
 
     async def stop(self) -> None:
         await self.capture.aclose()
         self.store.close()
+        self.offload.close()
+
+    async def resume(self, *, policy_version: int | None = None) -> None:
+        """Reopen the gate, with a new policy version if given (persisted first)."""
+        if policy_version is not None:
+            try:
+                await self.store.set_policy_version(policy_version)
+            except StoreError as exc:
+                raise StoreUnavailable(f"cannot persist the policy version: {exc}") from None
+        self.gate.resume(policy_version=policy_version)
+
+    async def settle(
+        self, session_id: str, *, grace_s: float = 5.0, timeout_s: float = 30.0
+    ) -> int:
+        """Wait until the session has no call in flight and every outcome is written.
+
+        Call it once the session's harness has ended (and its key is closed):
+        calls still running after ``grace_s`` serve nobody and are cut off,
+        recorded as aborted. Returns how many were cut off.
+        """
+        return await self.calls.settle(session_id, grace_s=grace_s, timeout_s=timeout_s)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Whether the gateway can serve and record calls, and the details."""
+        store = self.store.state()
+        healthy = store.open and store.writing
+        return healthy, {
+            "status": "ok" if healthy else "degraded",
+            "store": {
+                "open": store.open,
+                "writing": store.writing,
+                "queued": store.queued,
+                "failed_writes": store.failed_ops,
+                "interrupted_at_start": store.interrupted_at_open,
+                "last_error": store.last_error,
+            },
+            "offload_bytes": self.offload.used_bytes,
+        }
 
     def authenticate(self, api_key: str | None) -> Session:
         session = self.sessions.authenticate(api_key)
@@ -71,11 +136,24 @@ class Gateway:
         return session
 
     def note_unknown_fields(self, dialect: Dialect, fields: Iterable[str]) -> None:
-        """Log each request field the dialect does not know, once per gateway."""
+        """Log each request field the dialect does not know, once per gateway.
+
+        At most :data:`MAX_UNKNOWN_FIELDS` names are remembered, each cut to 64
+        characters: a client inventing names cannot grow memory or the log."""
         for field in fields:
-            if (dialect, field) not in self._unknown_fields:
-                self._unknown_fields.add((dialect, field))
-                _log.warning("%s: ignoring unknown request field %r", dialect.value, field)
+            name = field[:64]
+            if (dialect, name) in self._unknown_fields:
+                continue
+            if len(self._unknown_fields) >= MAX_UNKNOWN_FIELDS:
+                if not self._unknown_overflow:
+                    self._unknown_overflow = True
+                    _log.warning(
+                        "more than %d unknown request field names seen; no longer logging them",
+                        MAX_UNKNOWN_FIELDS,
+                    )
+                return
+            self._unknown_fields.add((dialect, name))
+            _log.warning("%s: ignoring unknown request field %r", dialect.value, name)
 
     async def records(self, session_id: str) -> list[CompletionRecord]:
         return await asyncio.to_thread(self.store.records, session_id)

@@ -4,12 +4,24 @@ The relay is dialect-neutral. A dialect's route translates the client's body
 to an IR request, iterates :meth:`Relay.run`, and encodes each event for its
 client. The relay guarantees:
 
-* every engine call that was attempted becomes a record: completed, failed
-  (with the error and any partial output) or aborted (client went away);
-* the record of a completed call is committed *before* the ``Finish`` event is
-  yielded, so the dialect sends its final bytes only after the call is durable;
+* every engine call that was attempted is in the store *before* the engine is
+  called (status ``in_flight``, see :mod:`polar.proxy.store.sqlite`), and its
+  outcome is written over that row: completed, failed (with the error and any
+  partial output) or aborted (client went away, or its session ended); a
+  gateway killed mid-call leaves the row for the next start to mark
+  ``interrupted``;
+* the outcome of a completed call is committed *before* the ``Finish`` event
+  is yielded, so the dialect sends its final bytes only after the call is
+  durable, and the outcome of a failed or aborted call before the error
+  reaches the client (or the call's task ends);
+* a store that cannot write makes the call fail at once with a 503, before the
+  engine is called; it never hangs;
 * a failure before any token reached the client is retried when the error is
-  transient (engine unreachable, 502/503), each attempt recorded.
+  transient (engine unreachable, a pooled connection reset, 502/503), each
+  attempt its own record with its own ``x-request-id``;
+* a session's calls are counted from arrival until their outcome is written
+  (:class:`~polar.proxy.sessions.CallTracker`), the barrier a trajectory build
+  waits on.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ import secrets
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import Any
 
 from polar.ir import (
     CallError,
@@ -45,11 +58,12 @@ from polar.ir import (
 )
 from polar.proxy.capture import Capture, PreparedCall
 from polar.proxy.engines.base import SESSION_HEADER
-from polar.proxy.errors import EngineError, EngineProtocolError
+from polar.proxy.errors import EngineError, EngineProtocolError, StoreUnavailable
 from polar.proxy.gate import Gate
-from polar.proxy.render.splice import PastCall, Transcripts, lineage_of
-from polar.proxy.sessions import Session
-from polar.proxy.store import SqliteStore
+from polar.proxy.logtext import describe
+from polar.proxy.render.splice import PastCall, Transcript, Transcripts, lineage_of
+from polar.proxy.sessions import CallTracker, Session
+from polar.proxy.store import SqliteStore, StoreError
 
 _log = logging.getLogger(__name__)
 
@@ -73,8 +87,8 @@ class _ToolCallParts:
 class Accumulator:
     """Adds up deltas into the ids, logprobs and assistant message of one call."""
 
-    def __init__(self) -> None:
-        self.prompt_ids: tuple[int, ...] = ()
+    def __init__(self, prompt_ids: tuple[int, ...] = ()) -> None:
+        self.prompt_ids = prompt_ids
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self._text: list[str] = []
@@ -118,6 +132,101 @@ class Accumulator:
         return Message(role=Role.ASSISTANT, parts=tuple(parts))
 
 
+@dataclass(slots=True)
+class _Attempt:
+    """One attempt of one call: what its record is made of."""
+
+    call: CallInput
+    seq: int
+    attempt: int
+    policy_version: int
+    prepared: PreparedCall
+    capture: Capture
+    transcript: Transcript
+    acc: Accumulator
+    engine_started: float = field(default_factory=time.time)
+    first_token: float | None = None
+
+    def record(
+        self,
+        status: RecordStatus,
+        *,
+        finish: Finish | None = None,
+        error: CallError | None = None,
+    ) -> CompletionRecord:
+        """The attempt's record. Never raises: a record that cannot be built in
+        full (a bug, or output the gateway cannot read) is still written, bare,
+        with the reason."""
+        try:
+            return self._record(status, finish, error)
+        except Exception as exc:
+            _log.error("record %s could not be built in full: %s", self.key, describe(exc))
+            reason = CallError(
+                kind=ErrorKind.INTERNAL,
+                message=f"the record could not be built in full: {describe(exc)}",
+            )
+            return self._bare(
+                status if status is RecordStatus.IN_FLIGHT else RecordStatus.FAILED, error or reason
+            )
+
+    @property
+    def key(self) -> str:
+        return f"{self.call.session.id}/{self.seq}.{self.attempt}"
+
+    def _record(
+        self, status: RecordStatus, finish: Finish | None, error: CallError | None
+    ) -> CompletionRecord:
+        acc = self.acc
+        lineage = self.prepared.lineage
+        if lineage is None and acc.prompt_ids:
+            lineage = lineage_of(acc.prompt_ids, self.call.request.messages, self.transcript)
+        running = status is RecordStatus.IN_FLIGHT
+        return CompletionRecord(
+            **self._identity(status),
+            timings=Timings(
+                arrived=self.call.arrived,
+                engine_started=self.engine_started,
+                first_token=self.first_token,
+                finished=None if running else time.time(),
+            ),
+            prompt_ids=acc.prompt_ids,
+            output_ids=tuple(acc.output_ids),
+            output_logprobs=tuple(acc.logprobs),
+            finish_reason=finish.reason if finish else None,
+            message=None if running else acc.message(),
+            usage=finish.usage if finish else (None if running else _partial_usage(acc)),
+            error=error,
+            lineage=lineage,
+            malformed_tool_calls=tuple(self.prepared.malformed),
+            edits=self.call.request.edits + self.prepared.edits,
+            delivery_flags=tuple(self.prepared.delivery_flags),
+        )
+
+    def _bare(self, status: RecordStatus, error: CallError) -> CompletionRecord:
+        return CompletionRecord(
+            **self._identity(status),
+            timings=Timings(arrived=self.call.arrived, engine_started=self.engine_started),
+            error=error,
+        )
+
+    def _identity(self, status: RecordStatus) -> dict[str, Any]:
+        """The fields every record of this attempt has, whatever its outcome."""
+        return {
+            "session_id": self.call.session.id,
+            "seq": self.seq,
+            "attempt": self.attempt,
+            "status": status,
+            "dialect": self.call.dialect,
+            "capture": self.capture.mode,
+            "engine": self.capture.engine_name,
+            "model": self.capture.model,
+            "policy_version": self.policy_version,
+            "stream": self.call.request.stream,
+            "original_request": self.call.original,
+            "engine_request": self.prepared.body,
+        }
+
+
 class Relay:
     def __init__(
         self,
@@ -125,6 +234,7 @@ class Relay:
         store: SqliteStore,
         gate: Gate,
         transcripts: Transcripts,
+        calls: CallTracker,
         *,
         max_attempts: int,
         retry_backoff_s: float,
@@ -134,149 +244,126 @@ class Relay:
         self._store = store
         self._gate = gate
         self._transcripts = transcripts
+        self._calls = calls
         self._max_attempts = max_attempts
         self._backoff = retry_backoff_s
         self._pause_wait = pause_wait_s
 
+    async def _write(self, record: CompletionRecord, *, begin: bool = False) -> None:
+        try:
+            if begin:
+                await self._store.begin(record)
+            else:
+                await self._store.finish(record)
+        except StoreError as exc:
+            raise StoreUnavailable(f"the gateway cannot record calls right now: {exc}") from None
+
     async def run(self, call: CallInput) -> AsyncGenerator[EngineEvent, None]:
-        """Serve one call; yields the prompt ids once known, deltas as they arrive,
-        and the finish event last."""
+        """Serve one call; yields the prompt ids once known (again for each
+        attempt), deltas as they arrive, and the finish event last."""
         seq = call.session.next_seq()
         transcript = self._transcripts.get(call.session.id)
         messages = call.request.messages
-        async with self._gate.admit(wait_s=self._pause_wait) as policy_version:
-            attempt = 0
-            while True:
-                attempt += 1
-                engine_call = self.capture.prepare(
-                    call.request,
-                    transcript,
-                    headers={
-                        SESSION_HEADER: call.session.id,
-                        "x-request-id": f"{call.session.id}/{seq}.{attempt}",
-                    },
-                )
-                acc = Accumulator()
-                timings = {"engine_started": time.time(), "first_token": None}
-
-                def record(
-                    status: RecordStatus,
-                    *,
-                    finish: Finish | None = None,
-                    error: CallError | None = None,
-                    acc: Accumulator = acc,
-                    attempt: int = attempt,
-                    prepared: PreparedCall = engine_call,
-                    timings: dict[str, float | None] = timings,
-                ) -> CompletionRecord:
-                    lineage = prepared.lineage
-                    if lineage is None and acc.prompt_ids:
-                        lineage = lineage_of(acc.prompt_ids, messages, transcript)
-                    return CompletionRecord(
-                        session_id=call.session.id,
+        with self._calls.track(call.session.id):
+            async with self._gate.admit(wait_s=self._pause_wait) as policy_version:
+                attempt = 0
+                while True:
+                    attempt += 1
+                    prepared = await self.capture.prepare(
+                        call.request,
+                        transcript,
+                        headers={
+                            SESSION_HEADER: call.session.id,
+                            "x-request-id": f"{call.session.id}/{seq}.{attempt}",
+                        },
+                    )
+                    this = _Attempt(
+                        call=call,
                         seq=seq,
                         attempt=attempt,
-                        status=status,
-                        dialect=call.dialect,
-                        capture=self.capture.mode,
-                        engine=self.capture.engine_name,
-                        model=self.capture.model,
                         policy_version=policy_version,
-                        stream=call.request.stream,
-                        original_request=call.original,
-                        engine_request=prepared.body,
-                        timings=Timings(
-                            arrived=call.arrived,
-                            engine_started=timings["engine_started"],
-                            first_token=timings["first_token"],
-                            finished=time.time(),
-                        ),
-                        prompt_ids=acc.prompt_ids,
-                        output_ids=tuple(acc.output_ids),
-                        output_logprobs=tuple(acc.logprobs),
-                        finish_reason=finish.reason if finish else None,
-                        message=acc.message(),
-                        usage=finish.usage if finish else _partial_usage(acc),
-                        error=error,
-                        lineage=lineage,
-                        malformed_tool_calls=tuple(prepared.malformed),
-                        edits=call.request.edits,
-                        delivery_flags=tuple(prepared.delivery_flags),
+                        prepared=prepared,
+                        capture=self.capture,
+                        transcript=transcript,
+                        acc=Accumulator(prepared.prompt_ids),
                     )
-
-                sent_any = False
-                finished = False
-                try:
-                    async with contextlib.aclosing(engine_call.events) as events:
-                        async for event in events:
-                            if isinstance(event, PromptTokens):
-                                acc.prompt_ids = event.ids
-                                yield event
-                            elif isinstance(event, Delta):
-                                if timings["first_token"] is None and event.token_ids:
-                                    timings["first_token"] = time.time()
-                                acc.add(event)
-                                sent_any = True
-                                yield event
-                            else:
-                                done = record(RecordStatus.COMPLETED, finish=event)
-                                await self._store.append(done)
-                                transcript.add(
-                                    PastCall(
-                                        seq=seq,
-                                        attempt=attempt,
-                                        messages=messages,
-                                        prompt_ids=done.prompt_ids,
-                                        output_ids=done.output_ids,
-                                        output=done.message or acc.message(),
+                    try:
+                        await self._write(this.record(RecordStatus.IN_FLIGHT), begin=True)
+                    except BaseException:
+                        await prepared.events.aclose()  # never started: nothing reached the engine
+                        raise
+                    acc = this.acc
+                    sent_any = False
+                    finished = False
+                    try:
+                        async with contextlib.aclosing(prepared.events) as events:
+                            async for event in events:
+                                if isinstance(event, PromptTokens):
+                                    acc.prompt_ids = event.ids
+                                    yield event
+                                elif isinstance(event, Delta):
+                                    if this.first_token is None and event.token_ids:
+                                        this.first_token = time.time()
+                                    acc.add(event)
+                                    sent_any = True
+                                    yield event
+                                else:
+                                    done = this.record(RecordStatus.COMPLETED, finish=event)
+                                    await self._write(done)
+                                    transcript.add(
+                                        PastCall(
+                                            seq=seq,
+                                            attempt=attempt,
+                                            messages=messages,
+                                            prompt_ids=done.prompt_ids,
+                                            output_ids=done.output_ids,
+                                            output=done.message or acc.message(),
+                                        )
                                     )
-                                )
-                                finished = True
-                                yield event
-                                return
-                    raise EngineProtocolError("engine stream ended without finishing the turn")
-                except EngineError as exc:
-                    failed = record(
-                        RecordStatus.FAILED,
-                        error=CallError(kind=exc.kind, message=exc.message, status=exc.status),
-                    )
-                    await self._store.append(failed)
-                    if exc.retryable and not sent_any and attempt < self._max_attempts:
-                        _log.warning(
-                            "session %s call %d attempt %d failed, retrying: %s",
-                            call.session.id,
-                            seq,
-                            attempt,
-                            exc.message,
-                        )
-                        await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
-                        continue
-                    raise
-                except (asyncio.CancelledError, GeneratorExit):
-                    if finished:
-                        raise  # closed after the last event: the record is already written
-                    # The client went away. Keep what was sampled; do not await
-                    # (this task is being cancelled), the store writes it anyway.
-                    self._store.append_nowait(
-                        record(
-                            RecordStatus.ABORTED,
-                            finish=None,
-                            error=CallError(
-                                kind=ErrorKind.CLIENT_DISCONNECTED,
-                                message="client disconnected before the turn finished",
+                                    finished = True
+                                    yield event
+                                    return
+                        raise EngineProtocolError("engine stream ended without finishing the turn")
+                    except EngineError as exc:
+                        error = CallError(kind=exc.kind, message=exc.message, status=exc.status)
+                        await self._write(this.record(RecordStatus.FAILED, error=error))
+                        if exc.retryable and not sent_any and attempt < self._max_attempts:
+                            _log.warning(
+                                "call %s failed, retrying: %s", this.key, exc.message[:300]
+                            )
+                            if exc.backoff:
+                                await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
+                            continue
+                        raise
+                    except (asyncio.CancelledError, GeneratorExit):
+                        if finished:
+                            raise  # closed after the last event: the outcome is written
+                        # The client went away, or its session ended: keep what was
+                        # sampled. The write is shielded from this task's cancellation.
+                        ended = self._calls.was_cut(asyncio.current_task())
+                        error = CallError(
+                            kind=(
+                                ErrorKind.SESSION_ENDED if ended else ErrorKind.CLIENT_DISCONNECTED
+                            ),
+                            message=(
+                                "the session's harness ended while the call was in flight"
+                                if ended
+                                else "client disconnected before the turn finished"
                             ),
                         )
-                    )
-                    raise
-                except Exception as exc:
-                    # A bug or a store failure: the client gets a 500, the call a record.
-                    self._store.append_nowait(
-                        record(
-                            RecordStatus.FAILED,
-                            error=CallError(kind=ErrorKind.INTERNAL, message=repr(exc)),
-                        )
-                    )
-                    raise
+                        with contextlib.suppress(Exception, asyncio.CancelledError):
+                            await asyncio.shield(
+                                self._write(this.record(RecordStatus.ABORTED, error=error))
+                            )
+                        raise
+                    except StoreUnavailable:
+                        raise  # the outcome could not be written; the row stays in flight
+                    except Exception as exc:
+                        # A bug: the client gets a 500, the call a record.
+                        error = CallError(kind=ErrorKind.INTERNAL, message=describe(exc))
+                        with contextlib.suppress(StoreUnavailable):
+                            await self._write(this.record(RecordStatus.FAILED, error=error))
+                        raise
 
 
 def _partial_usage(acc: Accumulator) -> Usage:

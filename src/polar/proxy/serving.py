@@ -5,12 +5,17 @@ behind one object); :func:`serve` does the rest, as a plain ASGI handler:
 
 * auth before anything else, so an unknown key is refused without reading
   the body or touching the engine;
+* then the body's limits (:mod:`polar.proxy.inbound`), before any parsing
+  beyond JSON; a large body is decoded and validated on an offload worker,
+  not on the event loop;
 * streaming replies commit HTTP headers only once the engine produced its
-  first token, so early failures still get a real error status;
+  first token (prompt ids, reported for each attempt, do not count), so a
+  failure before that, retries included, still gets a real error status;
 * a client that disconnects mid-call cancels the engine call, which the relay
   records as aborted;
 * every :class:`~polar.proxy.errors.ProxyError` is rendered by the codec,
-  anything else becomes a 500 in the dialect's shape and is logged.
+  anything else becomes a 500 in the dialect's shape and a one-line log
+  (never the request body).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
@@ -43,7 +49,8 @@ from polar.proxy.asgi import (
 )
 from polar.proxy.errors import ProxyError
 from polar.proxy.gateway import Gateway
-from polar.proxy.inbound import api_key_of, json_object
+from polar.proxy.inbound import api_key_of, check_counts, json_object
+from polar.proxy.logtext import describe
 from polar.proxy.relay import Accumulator, CallInput
 
 _log = logging.getLogger(__name__)
@@ -61,6 +68,8 @@ class StreamEncoder(Protocol):
 
 class DialectCodec(Protocol):
     dialect: Dialect
+    messages_field: str
+    """The top-level field holding the conversation (``messages``, ``input``)."""
 
     def parse(self, body: dict[str, Any], gateway: Gateway) -> ChatRequest:
         """Validate and translate a request body (raises ``ProxyError``)."""
@@ -82,6 +91,30 @@ class InternalError(ProxyError):
     code = "internal_error"
 
 
+# Bodies larger than this are decoded and validated on an offload worker.
+OFFLOAD_BYTES = 256 << 10
+
+
+def parse_body(
+    raw: bytes, codec: DialectCodec, gateway: Gateway
+) -> tuple[dict[str, Any], ChatRequest]:
+    """Decode, check against the limits, validate and translate a model request."""
+    body = json_object(raw, gateway.body_limits)
+    check_counts(body, gateway.body_limits, messages_field=codec.messages_field)
+    return body, codec.parse(body, gateway)
+
+
+async def read_request(
+    receive: Receive, headers: dict[str, str], codec: DialectCodec, gateway: Gateway
+) -> tuple[dict[str, Any], ChatRequest]:
+    raw = await read_body(
+        receive, gateway.config.limits.max_body_bytes, headers.get("content-length")
+    )
+    if len(raw) > OFFLOAD_BYTES:
+        return await gateway.offload.run(len(raw), parse_body, raw, codec, gateway)
+    return parse_body(raw, codec, gateway)
+
+
 async def serve(
     scope: Scope, receive: Receive, send: Send, codec: DialectCodec, gateway: Gateway
 ) -> None:
@@ -89,11 +122,7 @@ async def serve(
     headers = headers_of(scope)
     try:
         session = gateway.authenticate(api_key_of(headers))
-        raw = await read_body(
-            receive, gateway.config.limits.max_body_bytes, headers.get("content-length")
-        )
-        body = json_object(raw)
-        chat = codec.parse(body, gateway)
+        body, chat = await read_request(receive, headers, codec, gateway)
     except ProxyError as error:
         await send_body(send, error.status, codec.error_body(error))
         return
@@ -109,9 +138,9 @@ async def serve(
         else:
             await _collect(send, codec, chat, events)
     except asyncio.CancelledError:
-        if not watch.disconnected:
+        if not (watch.disconnected or gateway.calls.was_cut(asyncio.current_task())):
             raise
-        # The client left; the relay has recorded the call as aborted.
+        # The client left, or its session ended; the relay has recorded the call as aborted.
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
@@ -120,10 +149,21 @@ async def serve(
         await events.aclose()
 
 
+def internal(codec: DialectCodec, error: Exception) -> ProxyError:
+    """A bug, logged in one line with where it happened (never the request)."""
+    where = _origin(error)
+    _log.error("internal error serving %s: %s (%s)", codec.dialect.value, describe(error), where)
+    return InternalError(f"internal gateway error: {describe(error, 200)}")
+
+
+def _origin(error: BaseException) -> str:
+    frames = traceback.extract_tb(error.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
 async def _error(send: Send, codec: DialectCodec, error: Exception) -> None:
     if not isinstance(error, ProxyError):
-        _log.error("internal error serving %s", codec.dialect.value, exc_info=error)
-        error = InternalError(f"internal gateway error: {error!r}")
+        error = internal(codec, error)
     await send_body(send, error.status, codec.error_body(error))
 
 
@@ -169,9 +209,15 @@ async def _stream(
     prompt_tokens = 0
     try:
         event = await anext(events)
-        if isinstance(event, PromptTokens):
+        # Prompt ids come first, once per attempt: a retried call reports them
+        # again. Headers wait for the first token, so every failure until then
+        # gets its real status.
+        while isinstance(event, PromptTokens):
             prompt_tokens = len(event.ids)
             event = await anext(events)
+    except StopAsyncIteration:
+        await _error(send, codec, InternalError("engine call ended without a result"))
+        return
     except Exception as error:
         await _error(send, codec, error)
         return
@@ -194,8 +240,7 @@ async def _stream(
         except ProxyError as error:
             failure = error
         except Exception as error:
-            _log.error("internal error streaming %s", codec.dialect.value, exc_info=error)
-            failure = InternalError(f"internal gateway error: {error!r}")
+            failure = internal(codec, error)
         else:
             continue
         await send({"type": "http.response.body", "body": encoder.error(failure)})

@@ -8,17 +8,22 @@ sessions on its own.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import re
 import secrets
 import time
+import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from polar.proxy.errors import InvalidRequest, NotFound
 from polar.proxy.store import SessionRow, SqliteStore
 
-SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+"""A session id, whole (``fullmatch``: no trailing newline, nothing around it)."""
 
 
 def hash_key(api_key: str) -> str:
@@ -74,8 +79,8 @@ class SessionRegistry:
     async def create(
         self, *, session_id: str | None = None, metadata: dict[str, Any] | None = None
     ) -> NewSession:
-        sid = session_id or f"ses_{secrets.token_hex(12)}"
-        if not SESSION_ID.match(sid):
+        sid = f"ses_{secrets.token_hex(12)}" if session_id is None else session_id
+        if not isinstance(sid, str) or not SESSION_ID.fullmatch(sid):
             raise InvalidRequest(
                 "session_id must match [A-Za-z0-9][A-Za-z0-9_.-]{0,127}", param="session_id"
             )
@@ -122,3 +127,73 @@ class SessionRegistry:
 
     def open_sessions(self) -> list[Session]:
         return list(self._by_id.values())
+
+
+class CallTracker:
+    """The calls each session has in flight: the barrier a trajectory build waits on.
+
+    A call counts from its arrival until its record's outcome is committed.
+    :meth:`settle` waits for a session's calls to end; once its harness has
+    ended, whatever is still running serves nobody, so after a grace period
+    the calls are cut off (recorded ``aborted``, ``session_ended``).
+    """
+
+    def __init__(self) -> None:
+        self._calls: dict[str, set[asyncio.Task[Any]]] = {}
+        self._idle: dict[str, asyncio.Event] = {}
+        self._cut: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+    @contextlib.contextmanager
+    def track(self, session_id: str) -> Iterator[None]:
+        task = asyncio.current_task()
+        assert task is not None
+        self._calls.setdefault(session_id, set()).add(task)
+        try:
+            yield
+        finally:
+            calls = self._calls.get(session_id)
+            if calls is not None:
+                calls.discard(task)
+                if not calls:
+                    del self._calls[session_id]
+                    idle = self._idle.pop(session_id, None)
+                    if idle is not None:
+                        idle.set()
+
+    def in_flight(self, session_id: str) -> int:
+        return len(self._calls.get(session_id, ()))
+
+    def was_cut(self, task: asyncio.Task[Any] | None) -> bool:
+        """Whether ``task`` (a call's) was cancelled by :meth:`settle`."""
+        return task is not None and task in self._cut
+
+    async def settle(self, session_id: str, *, grace_s: float, timeout_s: float) -> int:
+        """Wait until ``session_id`` has no call in flight (each one recorded).
+
+        Waits ``grace_s`` for calls to end on their own, then cancels the rest
+        and waits up to ``timeout_s`` for their records. Returns how many calls
+        were cut off; raises ``TimeoutError`` if some are still not recorded.
+        """
+        if await self._wait_idle(session_id, grace_s):
+            return 0
+        calls = list(self._calls.get(session_id, ()))
+        for task in calls:
+            self._cut.add(task)
+            task.cancel()
+        if not await self._wait_idle(session_id, timeout_s):
+            raise TimeoutError(
+                f"session {session_id}: {self.in_flight(session_id)} calls still in flight "
+                f"{timeout_s:g} s after they were cancelled"
+            )
+        return len(calls)
+
+    async def _wait_idle(self, session_id: str, timeout_s: float) -> bool:
+        if not self._calls.get(session_id):
+            return True
+        idle = self._idle.setdefault(session_id, asyncio.Event())
+        try:
+            async with asyncio.timeout(timeout_s):
+                await idle.wait()
+        except TimeoutError:
+            return False
+        return True

@@ -327,6 +327,10 @@ class Pipeline:
 
     async def _build(self, s: NodeSession) -> Trajectory | None:
         """The session's trajectory; None when the harness never called the model."""
+        # Its harness has ended: wait until every call of the session is recorded
+        # (cutting off orphaned ones), so none is missing from traces or accounting.
+        with contextlib.suppress(TimeoutError):
+            await self.gateway.settle(s.id)
         records = await self.gateway.records(s.id)
         s.records = len(records)
         if not records:
@@ -416,6 +420,7 @@ class Pipeline:
                 "captured": a.captured,
                 "delivered": a.delivered,
                 "delivered_fraction": a.delivered_fraction,
+                "missing_logprobs": a.missing_logprobs,
                 "quarantined": {k.value: v for k, v in a.quarantined.items()},
                 "breaks": {k.value: v for k, v in a.breaks.items()},
                 "malformed_tool_calls": a.malformed_tool_calls,

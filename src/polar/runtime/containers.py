@@ -59,11 +59,15 @@ class CliResult:
         return (self.stderr.strip() or self.stdout.strip() or f"exit {self.returncode}")[-2000:]
 
 
-async def run_cli(argv: Sequence[str], timeout_s: float = CLI_TIMEOUT_S) -> CliResult:
-    """Run a client command to completion (killed after ``timeout_s``)."""
+async def run_cli(
+    argv: Sequence[str], timeout_s: float = CLI_TIMEOUT_S, cwd: Path | None = None
+) -> CliResult:
+    """Run a client command to completion (killed after ``timeout_s``), in ``cwd``
+    when given."""
     try:
         process = await asyncio.create_subprocess_exec(
             *argv,
+            cwd=cwd,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

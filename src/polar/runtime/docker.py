@@ -120,11 +120,14 @@ class DockerRuntime(ContainerRuntime):
 
     async def _create(self, state: StateDir) -> None:
         self._binary = await find_client(self._spec.options.get("binary"))
-        created = await run_cli(self.create_argv(self._binary, state))
+        # podman's conmon (before containers/conmon#514) creates an empty ``oom``
+        # file in its working directory when the container hits its memory
+        # limit: run the client in the state directory, not the node's.
+        created = await run_cli(self.create_argv(self._binary, state), cwd=state.path)
         if created.returncode != 0:
             raise RuntimeStartError(f"docker runtime: create failed: {created.message}")
         self._created = True
-        started = await run_cli([self._binary, "start", self.name])
+        started = await run_cli([self._binary, "start", self.name], cwd=state.path)
         if started.returncode != 0:
             raise RuntimeStartError(self._start_failure(started))
 

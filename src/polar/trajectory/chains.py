@@ -4,8 +4,8 @@
 number (then attempt), never by wall-clock time. Of each call (``seq``) the
 last completed attempt with prompt ids takes part; the others are quarantined
 with their reason (:class:`~polar.trajectory.trace.Fate`): a failed attempt's
-partial output and an aborted call's output never became part of any
-conversation, so no later prompt can continue them.
+partial output, an aborted or interrupted call's output never became part of
+any conversation, so no later prompt can continue them.
 
 **Parents.** Each call continues at most one earlier call, its parent,
 found from prompt tokens alone (:class:`~polar.trajectory.trace.Relation`):
@@ -52,6 +52,7 @@ from array import array
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import assert_never
 
 from polar.ir import CompletionRecord, RecordStatus
 from polar.trajectory.errors import BuildInputError
@@ -99,12 +100,18 @@ def select(
                 fates[r.key] = Fate.FAILED_CALL
             case RecordStatus.ABORTED:
                 fates[r.key] = Fate.ABORTED_CALL
+            case RecordStatus.INTERRUPTED:
+                fates[r.key] = Fate.INTERRUPTED_CALL
+            case RecordStatus.IN_FLIGHT:
+                fates[r.key] = Fate.IN_FLIGHT_CALL
             case RecordStatus.COMPLETED if last_completed[r.seq] != r.attempt:
                 fates[r.key] = Fate.SUPERSEDED_ATTEMPT
             case RecordStatus.COMPLETED if not r.prompt_ids:
                 fates[r.key] = Fate.NO_PROMPT_IDS
-            case _:
+            case RecordStatus.COMPLETED:
                 calls.append(r)
+            case _:
+                assert_never(r.status)
     return calls, fates
 
 

@@ -96,6 +96,11 @@ class Fate(StrEnum):
     """The engine call failed; any partial output never became part of a conversation."""
     ABORTED_CALL = "aborted_call"
     """The client went away mid-turn; the partial output was never used."""
+    INTERRUPTED_CALL = "interrupted_call"
+    """The gateway died while the call was in flight; nothing of it reached a client."""
+    IN_FLIGHT_CALL = "in_flight_call"
+    """The call had not finished when the session was read (a build that did not
+    wait for the session's calls to settle)."""
     SUPERSEDED_ATTEMPT = "superseded_attempt"
     """A completed attempt of a call the gateway completed again in a later attempt."""
     NO_PROMPT_IDS = "no_prompt_ids"

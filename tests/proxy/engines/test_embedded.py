@@ -131,6 +131,79 @@ def test_concurrent_requests_batch_and_match_single_runs(runner: ModelRunner) ->
     assert [[s.token_id for s in steps] for steps in together] == alone
 
 
+def test_a_chunked_prefill_samples_what_a_whole_one_does(model_dir: Path) -> None:
+    """Prompts longer than the chunk, batched with a short one (left-padding spans
+    chunks): the same greedy tokens and logprobs as one forward pass over each
+    prompt alone; and the output projection only ever sees the last position."""
+    long = [151644, 8948, 198, *range(1000, 1040), 151645, 198, *PROMPT]
+    prompts = [long, PROMPT[:4], long[:23]]
+    params = SamplingParams(max_tokens=5, temperature=0)
+    chunked = ModelRunner(model_dir, max_batch=4, prefill_chunk=8)
+    widths: list[int] = []
+    hook = chunked.model.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: widths.append(args[0].shape[1])
+    )
+    try:
+        together: list[list[Step]] = [[] for _ in prompts]
+        done = [threading.Event() for _ in prompts]
+
+        def emitter(i: int) -> Any:
+            def emit(step: Step) -> None:
+                together[i].append(step)
+                if step.finish is not None:
+                    done[i].set()
+
+            return emit
+
+        chunked.submit_many(
+            [Job(prompt=p, params=params, emit=emitter(i)) for i, p in enumerate(prompts)]
+        )
+        assert all(event.wait(120) for event in done)
+    finally:
+        hook.remove()
+        chunked.close()
+    for prompt, steps in zip(prompts, together, strict=True):
+        ids = [s.token_id for s in steps if s.token_id is not None]
+        got = [s.logprob for s in steps if s.logprob is not None]
+        assert len(ids) == 5
+        assert got == pytest.approx(teacher_forced(chunked, prompt, ids), abs=1e-4)  # type: ignore[arg-type]
+    assert widths and set(widths) == {1}
+
+
+def test_memory_needed_counts_the_kv_cache_and_one_chunks_scores(model_dir: Path) -> None:
+    runner = ModelRunner(model_dir, max_batch=2, prefill_chunk=64, max_memory_bytes=10 << 20)
+    try:
+        # Tiny model: 2 layers x 1 KV head x 32 dims x (K, V) x 4 bytes = 512 bytes a
+        # position; 2 heads (+1 for the mask) x 4 bytes per score; 3 rows of 151,936 logits.
+        logits = 3 * 151936 * 4
+        assert runner.memory_needed(100, 28) == 128 * 512 + 64 * 100 * 3 * 4 + logits
+        assert runner.memory_needed(10, 6, rows=2) == 2 * (16 * 512 + 10 * 10 * 3 * 4 + logits)
+        assert runner.fits(100, 28)
+        assert not runner.fits(20000, 100)  # 20000 x 64 x 12 bytes of scores alone: 14.6 MiB
+    finally:
+        runner.close()
+
+
+def test_a_request_past_the_memory_limit_is_refused_not_run(model_dir: Path) -> None:
+    runner = ModelRunner(model_dir, max_batch=2, prefill_chunk=64, max_memory_bytes=10 << 20)
+    try:
+        with ServerThread(create_engine_app(runner, served_name="tiny")) as server:
+            body = {"model": "tiny", "prompt": [198] * 20000, "max_tokens": 100}
+            reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+            assert reply.status_code == 400
+            error = reply.json()["error"]
+            assert (
+                "needs about 26 MiB of engine memory (20000 prompt tokens, 100 to"
+                in (error["message"])
+            )
+            assert "more than the embedded engine's limit of 10 MiB" in error["message"]
+            assert error["param"] == "max_tokens"
+            small = {"model": "tiny", "prompt": PROMPT, "max_tokens": 3}
+            assert httpx.post(f"{server.url}/v1/completions", json=small, timeout=60).is_success
+    finally:
+        runner.close()
+
+
 def test_stop_tokens_end_generation(runner: ModelRunner) -> None:
     stop = 1234
     steps = generate(

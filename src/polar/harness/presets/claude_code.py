@@ -7,12 +7,13 @@ from pathlib import Path
 
 from polar.harness.base import Invocation, RunSpec, require_executable
 from polar.harness.package import NpmPackage
+from polar.harness.presets.node import NODE_VERSION
 from polar.ir import Dialect
 
 
 @dataclass(frozen=True, slots=True)
 class ClaudeCode:
-    """Claude Code 2.1.197 (the newest release whose ``engines`` allows Node 20):
+    """Claude Code 2.1.331 (runs on the pinned Node.js, see :mod:`.node`):
     speaks the Anthropic **Messages** API.
 
     It first sends ``HEAD /`` to the base URL, then ``POST /v1/messages?beta=true``
@@ -49,7 +50,11 @@ class ClaudeCode:
     @property
     def package(self) -> NpmPackage:
         return NpmPackage(
-            "@anthropic-ai/claude-code", "2.1.197", bin="claude", install_scripts=True
+            "@anthropic-ai/claude-code",
+            "2.1.331",
+            bin="claude",
+            install_scripts=True,
+            node=NODE_VERSION,
         )
 
     def write_config(self, spec: RunSpec) -> tuple[Path, ...]:

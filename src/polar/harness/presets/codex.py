@@ -8,6 +8,7 @@ from pathlib import Path
 from polar.harness.base import Invocation, RunSpec, require_executable
 from polar.harness.configfiles import toml_document, write_text
 from polar.harness.package import NpmPackage
+from polar.harness.presets.node import NODE_VERSION
 from polar.ir import Dialect
 
 KEY_VARIABLE = "POLAR_API_KEY"
@@ -50,7 +51,7 @@ class Codex:
 
     @property
     def package(self) -> NpmPackage:
-        return NpmPackage("@openai/codex", "0.169.0", bin="codex")
+        return NpmPackage("@openai/codex", "0.169.0", bin="codex", node=NODE_VERSION)
 
     def codex_home(self, spec: RunSpec) -> Path:
         return spec.home / ".codex"

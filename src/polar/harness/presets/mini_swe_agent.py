@@ -24,7 +24,7 @@ What its source (2.4.6) says, read from the installed package:
   OpenAI SDK to ``POST {api_base}/chat/completions``); the key comes from
   ``OPENAI_API_KEY``. Failed calls are retried up to 10 times with exponential
   backoff (4-60 s).
-* litellm 1.106.2 imports its MCP handler (and so the ``mcp`` package, an
+* litellm 1.110.2 imports its MCP handler (and so the ``mcp`` package, an
   optional extra) on every ``completion`` call that has tools; without it each
   call fails with ``No module named 'mcp'`` and is retried until the run times
   out. The preset therefore installs ``litellm[mcp]``.
@@ -53,7 +53,7 @@ from polar.ir import Dialect
 
 @dataclass(frozen=True, slots=True)
 class MiniSweAgent:
-    """mini-swe-agent 2.4.6 (litellm 1.106.2): speaks OpenAI **Chat Completions**,
+    """mini-swe-agent 2.4.6 (litellm 1.110.2): speaks OpenAI **Chat Completions**,
     without streaming.
 
     Each request: ``model`` (the name after ``openai/``), ``messages`` (system
@@ -79,7 +79,7 @@ class MiniSweAgent:
     @property
     def package(self) -> PythonPackage:
         return PythonPackage(
-            "mini-swe-agent", "2.4.6", bin="mini", requirements=("litellm[mcp]==1.106.2",)
+            "mini-swe-agent", "2.4.6", bin="mini", requirements=("litellm[mcp]==1.110.2",)
         )
 
     def config_dir(self, spec: RunSpec) -> Path:

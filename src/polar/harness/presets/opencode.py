@@ -8,6 +8,7 @@ from pathlib import Path
 from polar.harness.base import Invocation, RunSpec, require_executable
 from polar.harness.configfiles import write_json
 from polar.harness.package import NpmPackage
+from polar.harness.presets.node import NODE_VERSION
 from polar.ir import Dialect
 
 KEY_VARIABLE = "POLAR_API_KEY"
@@ -68,7 +69,9 @@ class OpenCode:
 
     @property
     def package(self) -> NpmPackage:
-        return NpmPackage("opencode-ai", "1.18.33", bin="opencode", install_scripts=True)
+        return NpmPackage(
+            "opencode-ai", "1.18.33", bin="opencode", install_scripts=True, node=NODE_VERSION
+        )
 
     def write_config(self, spec: RunSpec) -> tuple[Path, ...]:
         config = {

@@ -11,6 +11,7 @@ from polar.harness.base import Invocation, RunSpec, require_executable
 from polar.harness.configfiles import write_json
 from polar.harness.errors import InvalidRunSpec
 from polar.harness.package import NpmPackage
+from polar.harness.presets.node import NODE_VERSION
 from polar.ir import Dialect
 
 KEY_VARIABLE = "POLAR_API_KEY"
@@ -70,7 +71,7 @@ class Pi:
 
     @property
     def package(self) -> NpmPackage:
-        return NpmPackage("@mariozechner/pi-coding-agent", "0.73.1", bin="pi")
+        return NpmPackage("@mariozechner/pi-coding-agent", "0.73.1", bin="pi", node=NODE_VERSION)
 
     def agent_dir(self, spec: RunSpec) -> Path:
         return spec.home / ".pi" / "agent"

@@ -8,12 +8,13 @@ from pathlib import Path
 from polar.harness.base import Invocation, RunSpec, require_executable
 from polar.harness.configfiles import write_json
 from polar.harness.package import NpmPackage
+from polar.harness.presets.node import NODE_VERSION
 from polar.ir import Dialect
 
 
 @dataclass(frozen=True, slots=True)
 class QwenCode:
-    """Qwen Code 0.15.10 (the newest release whose ``engines`` allows Node 20):
+    """Qwen Code 0.24.4 (runs on the pinned Node.js, see :mod:`.node`):
     speaks OpenAI **Chat Completions**.
 
     Requests stream (``stream_options.include_usage``), ``max_tokens: 8000``, no
@@ -45,7 +46,7 @@ class QwenCode:
 
     @property
     def package(self) -> NpmPackage:
-        return NpmPackage("@qwen-code/qwen-code", "0.15.10", bin="qwen")
+        return NpmPackage("@qwen-code/qwen-code", "0.24.4", bin="qwen", node=NODE_VERSION)
 
     def write_config(self, spec: RunSpec) -> tuple[Path, ...]:
         settings = {

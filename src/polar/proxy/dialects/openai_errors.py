@@ -15,6 +15,7 @@ from polar.proxy.errors import (
     EngineHTTPError,
     GatewayPaused,
     ProxyError,
+    StoreUnavailable,
     UnsupportedContent,
 )
 
@@ -41,6 +42,8 @@ def error_json(error: ProxyError) -> WireError:
             kind, code = "invalid_request_error", None
         case GatewayPaused():
             kind, code = "server_error", "gateway_paused"
+        case StoreUnavailable():
+            kind, code = "server_error", error.code
         case EngineError():
             kind, code = "server_error", error.code
         case UnsupportedContent():

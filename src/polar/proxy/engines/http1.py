@@ -4,9 +4,17 @@ Why not httpx: on the gateway's hot path its connection pool checks every idle
 connection on every request, and its anyio layers add a task switch per read;
 under a few hundred concurrent sessions that was most of the gateway's CPU.
 This client is an ``asyncio.Protocol`` with the C ``httptools`` response
-parser, a LIFO pool of keep-alive connections, and one timer per response for
-the read timeout. It speaks exactly what engines need: POST with a body,
-``Content-Length`` or chunked replies, keep-alive, optional TLS.
+parser, a LIFO pool of keep-alive connections, and two timers per response:
+one for silence (``read_timeout_s`` until the first body byte, then
+``idle_timeout_s`` between bytes; not counted while the gateway's own client
+is too slow to take more) and one for the whole reply (``total_timeout_s``).
+It speaks exactly what engines need: POST with a body, ``Content-Length`` or
+chunked replies, keep-alive, optional TLS.
+
+A request that fails on a pooled connection is *not* resent here: the engine
+may have received it, so the caller retries it as a new attempt under its own
+request id (:attr:`ConnectionLost.reused` tells it the connection was an idle
+one, which servers close at will).
 
 Failures surface as :class:`TransportFailure` subclasses, which the engine
 transport maps to the gateway's error tree.
@@ -42,6 +50,9 @@ class ReadTimeout(TransportFailure):
 class ConnectionLost(TransportFailure):
     """The connection broke before the reply was complete."""
 
+    reused = False
+    """The request went out on an idle pooled connection and no reply began."""
+
 
 class ProtocolFailure(TransportFailure):
     """The server's reply is not valid HTTP/1.1."""
@@ -60,6 +71,7 @@ class Response:
         self._headers_done: asyncio.Future[None] = conn.loop.create_future()
         self.complete = False
         self.error: TransportFailure | None = None
+        self.body_started = False
 
     def header(self, name: bytes) -> bytes | None:
         lowered = name.lower()
@@ -70,6 +82,7 @@ class Response:
 
     # called by the connection
     def _feed(self, data: bytes) -> None:
+        self.body_started = True
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > _HIGH_WATER:
@@ -127,6 +140,7 @@ class _Connection(asyncio.Protocol):
         self.response: Response | None = None
         self.closed = False
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline: asyncio.TimerHandle | None = None
         self._paused = False
 
     # -- asyncio.Protocol
@@ -135,17 +149,19 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        self._arm_timer()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(ProtocolFailure("unexpected protocol upgrade"))
+            return
         except httptools.HttpParserError as exc:
             self._fail(ProtocolFailure(f"invalid HTTP reply: {exc}"))
+            return
+        self._arm_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._cancel_timer()
+        self._cancel_timers()
         if self.response is not None:
             self.response._finish(
                 ConnectionLost(f"connection closed by the server ({exc or 'EOF'})")
@@ -169,7 +185,7 @@ class _Connection(asyncio.Protocol):
             self.response._feed(body)
 
     def on_message_complete(self) -> None:
-        self._cancel_timer()
+        self._cancel_timers()
         response = self.response
         keep = self.parser.should_keep_alive()
         if response is not None:
@@ -184,6 +200,8 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.transport.write(head + body)
         self._arm_timer()
+        total = self.pool.total_timeout_s
+        self._deadline = self.loop.call_later(total, self._on_deadline, self.response, total)
         await self.response._headers_done
         return self.response
 
@@ -192,6 +210,7 @@ class _Connection(asyncio.Protocol):
         if self.response is not response:
             return
         self.response = None
+        self._cancel_timers()
         if response.complete and not self.closed:
             self.resume()
             self.pool.release(self)
@@ -199,17 +218,20 @@ class _Connection(asyncio.Protocol):
             self.close()
 
     def pause(self) -> None:
+        # The gateway's client is slow: the engine's silence is not its own now.
         if not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
+            self._cancel_timer()
 
     def resume(self) -> None:
         if self._paused and self.transport is not None and not self.closed:
             self._paused = False
             self.transport.resume_reading()
+            self._arm_timer()
 
     def close(self) -> None:
-        self._cancel_timer()
+        self._cancel_timers()
         if not self.closed:
             self.closed = True
             if self.transport is not None:
@@ -222,19 +244,36 @@ class _Connection(asyncio.Protocol):
         self.close()
 
     def _arm_timer(self) -> None:
-        if self.response is None:
-            return
         self._cancel_timer()
-        self._timer = self.loop.call_later(self.pool.read_timeout_s, self._on_timeout)
+        response = self.response
+        if response is None or response.complete or response.error is not None or self._paused:
+            return
+        started = response.body_started
+        timeout = self.pool.idle_timeout_s if started else self.pool.read_timeout_s
+        self._timer = self.loop.call_later(timeout, self._on_timeout, timeout, started)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
-    def _on_timeout(self) -> None:
+    def _cancel_timers(self) -> None:
+        self._cancel_timer()
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _on_timeout(self, timeout: float, started: bool) -> None:
         self._timer = None
-        self._fail(ReadTimeout(f"no data from the server for {self.pool.read_timeout_s:g}s"))
+        if started:
+            self._fail(ReadTimeout(f"the server went silent mid-reply for {timeout:g}s"))
+        else:
+            self._fail(ReadTimeout(f"no reply from the server within {timeout:g}s"))
+
+    def _on_deadline(self, response: Response, total: float) -> None:
+        self._deadline = None
+        if self.response is response:
+            self._fail(ReadTimeout(f"the reply took longer than {total:g}s in all"))
 
 
 class Http1Pool:
@@ -246,6 +285,8 @@ class Http1Pool:
         *,
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 900.0,
+        idle_timeout_s: float = 60.0,
+        total_timeout_s: float = 3600.0,
         max_idle: int = 1024,
         default_headers: dict[str, str] | None = None,
     ) -> None:
@@ -260,6 +301,8 @@ class Http1Pool:
         self._host_header = netloc.encode()
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self.total_timeout_s = total_timeout_s
         self._max_idle = max_idle
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
@@ -300,24 +343,22 @@ class Http1Pool:
             + extra
             + b"\r\n"
         )
-        # A pooled connection may have been closed by the server while idle;
-        # that shows only when the request fails before any reply, so retry once
-        # on a fresh connection in that case.
-        for attempt in (0, 1):
-            conn = self._idle.pop() if self._idle and attempt == 0 else None
-            reused = conn is not None
-            if conn is None:
-                conn = await self._connect()
-            try:
-                return await conn.send(head, body)
-            except ConnectionLost:
-                conn.close()
-                if not reused:
-                    raise
-            except BaseException:
-                conn.close()
-                raise
-        raise AssertionError("unreachable")
+        conn = self._idle.pop() if self._idle else None
+        reused = conn is not None
+        if conn is None:
+            conn = await self._connect()
+        try:
+            return await conn.send(head, body)
+        except ConnectionLost as exc:
+            # An idle connection the server had closed shows only now. The
+            # request may have reached the server: resending is the caller's
+            # decision (a new attempt, recorded as such), never this pool's.
+            conn.close()
+            exc.reused = reused
+            raise
+        except BaseException:
+            conn.close()
+            raise
 
     def release(self, conn: _Connection) -> None:
         if len(self._idle) < self._max_idle:

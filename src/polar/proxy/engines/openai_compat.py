@@ -26,7 +26,18 @@ from polar.ir import (
     TopLogprob,
     Usage,
 )
+from polar.proxy.engines.replies import (
+    array,
+    count,
+    number,
+    obj,
+    optional_array,
+    optional_obj,
+    optional_text,
+    text,
+)
 from polar.proxy.errors import EngineProtocolError
+from polar.proxy.logtext import brief
 
 _FINISH = {
     "stop": FinishReason.STOP,
@@ -43,7 +54,7 @@ def finish_reason(value: Any) -> FinishReason:
     try:
         return _FINISH[value]
     except (KeyError, TypeError):
-        raise EngineProtocolError(f"engine sent unknown finish_reason {value!r}") from None
+        raise EngineProtocolError(f"engine sent unknown finish_reason {brief(value)}") from None
 
 
 def content_of(message: Message) -> str | list[dict[str, Any]] | None:
@@ -160,42 +171,51 @@ def chat_body(
 
 def logprob_details(entries: Any) -> tuple[TokenLogprob, ...]:
     """OpenAI ``logprobs.content`` entries to IR."""
-    if not isinstance(entries, list):
-        raise EngineProtocolError("engine sent logprobs.content that is not a list")
     out = []
-    for entry in entries:
-        top = entry.get("top_logprobs") or []
+    for entry in array(entries, "logprobs.content"):
+        entry = obj(entry, "a logprobs entry")
+        top = optional_array(entry.get("top_logprobs"), "top_logprobs")
         out.append(
             TokenLogprob(
-                token=entry["token"],
-                logprob=float(entry["logprob"]),
-                bytes=tuple(entry["bytes"]) if entry.get("bytes") is not None else None,
+                token=text(entry.get("token"), "a logprobs token"),
+                logprob=number(entry.get("logprob"), "a logprob"),
+                bytes=_bytes(entry.get("bytes")),
                 top=tuple(
                     TopLogprob(
-                        token=t["token"],
-                        logprob=float(t["logprob"]),
-                        bytes=tuple(t["bytes"]) if t.get("bytes") is not None else None,
+                        token=text(t.get("token"), "a top logprob token"),
+                        logprob=number(t.get("logprob"), "a top logprob"),
+                        bytes=_bytes(t.get("bytes")),
                     )
-                    for t in top
+                    for t in (obj(t, "a top logprob") for t in top)
                 ),
             )
         )
     return tuple(out)
 
 
+def _bytes(value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    values = array(value, "token bytes")
+    if not all(type(b) is int and 0 <= b < 256 for b in values):
+        raise EngineProtocolError("engine sent token bytes that are not bytes")
+    return tuple(values)
+
+
 def tool_call_deltas(raw: Any) -> tuple[ToolCallDelta, ...]:
     if not raw:
         return ()
     out = []
-    for position, call in enumerate(raw):
-        function = call.get("function") or {}
+    for position, call in enumerate(array(raw, "tool_calls")):
+        call = obj(call, "a tool call")
+        function = optional_obj(call.get("function"), "a tool call's function")
         index = call.get("index")
         out.append(
             ToolCallDelta(
-                index=int(index) if index is not None else position,
-                id=call.get("id"),
-                name=function.get("name"),
-                arguments=function.get("arguments") or "",
+                index=count(index, "a tool call index") if index is not None else position,
+                id=optional_text(call.get("id"), "a tool call id"),
+                name=optional_text(function.get("name"), "a tool name"),
+                arguments=text(function.get("arguments"), "tool call arguments"),
             )
         )
     return tuple(out)
@@ -209,11 +229,11 @@ def delta_from_message(
     details: tuple[TokenLogprob, ...] | None,
 ) -> Delta:
     """A whole non-streamed assistant message as one delta."""
-    reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
+    reasoning = text(message.get("reasoning") or message.get("reasoning_content"), "reasoning")
     return Delta(
         token_ids=token_ids,
         logprobs=logprobs,
-        text=message.get("content") or "",
+        text=text(message.get("content"), "message content"),
         reasoning=reasoning,
         tool_calls=tool_call_deltas(message.get("tool_calls")),
         details=details,
@@ -223,12 +243,17 @@ def delta_from_message(
 def usage(raw: Any, *, fallback_prompt: int, fallback_completion: int) -> Usage:
     if not isinstance(raw, dict):
         return Usage(prompt_tokens=fallback_prompt, completion_tokens=fallback_completion)
-    prompt_details = raw.get("prompt_tokens_details") or {}
-    completion_details = raw.get("completion_tokens_details") or {}
+    prompt_details = optional_obj(raw.get("prompt_tokens_details"), "prompt_tokens_details")
+    completion_details = optional_obj(
+        raw.get("completion_tokens_details"), "completion_tokens_details"
+    )
     reasoning = completion_details.get("reasoning_tokens", raw.get("reasoning_tokens"))
+    cached = prompt_details.get("cached_tokens")
     return Usage(
-        prompt_tokens=int(raw.get("prompt_tokens", fallback_prompt)),
-        completion_tokens=int(raw.get("completion_tokens", fallback_completion)),
-        cached_tokens=prompt_details.get("cached_tokens"),
-        reasoning_tokens=int(reasoning) if reasoning is not None else None,
+        prompt_tokens=count(raw.get("prompt_tokens", fallback_prompt), "usage.prompt_tokens"),
+        completion_tokens=count(
+            raw.get("completion_tokens", fallback_completion), "usage.completion_tokens"
+        ),
+        cached_tokens=None if cached is None else count(cached, "usage cached_tokens"),
+        reasoning_tokens=None if reasoning is None else count(reasoning, "reasoning_tokens"),
     )

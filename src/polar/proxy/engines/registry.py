@@ -22,6 +22,8 @@ from polar.proxy.engines.sglang_tokens import SglangTokenEngine
 from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.engines.vllm import VllmChatEngine
 from polar.proxy.engines.vllm_tokens import VllmTokenEngine
+from polar.proxy.maxtokens import ContextWindow, context_from_models
+from polar.proxy.offload import Offload
 from polar.proxy.render.parse import ParserOptions, ToolFormat
 from polar.proxy.render.template import ChatTemplate
 
@@ -32,6 +34,8 @@ def _transport(config: EngineConfig) -> EngineTransport:
         api_key=config.api_key,
         connect_timeout_s=config.connect_timeout_s,
         read_timeout_s=config.read_timeout_s,
+        idle_timeout_s=config.idle_timeout_s,
+        total_timeout_s=config.total_timeout_s,
         max_connections=config.max_connections,
     )
 
@@ -74,11 +78,28 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
-def build_capture(config: GatewayConfig, *, template: ChatTemplate | None = None) -> Capture:
+def context_window(config: EngineConfig) -> ContextWindow:
+    """The configured context length, else the engine's ``max_model_len`` (asked once)."""
+
+    async def fetch() -> int | None:
+        transport = _transport(config.model_copy(update={"max_connections": 1}))
+        try:
+            return context_from_models(await transport.get_json("/v1/models"), config.model)
+        finally:
+            await transport.aclose()
+
+    return ContextWindow(config.max_model_len, fetch, default_max_tokens=config.default_max_tokens)
+
+
+def build_capture(
+    config: GatewayConfig, *, template: ChatTemplate | None = None, offload: Offload | None = None
+) -> Capture:
     """The capture ``config`` describes. ``template``: the chat template
     ``config.render`` names, already loaded (gateways in one process can share
-    one; loading a tokenizer takes a good part of a second)."""
+    one; loading a tokenizer takes a good part of a second). ``offload``: the
+    workers that render prompts (token-in/token-out), the gateway's own."""
     kind = config.engine.kind
+    context = context_window(config.engine)
     if config.capture is CaptureMode.ENGINE_RENDERED:
         if kind == "embedded":
             raise ConfigError(
@@ -86,10 +107,11 @@ def build_capture(config: GatewayConfig, *, template: ChatTemplate | None = None
             )
         chat = CHAT_ENGINES[kind](config.engine) if kind in CHAT_ENGINES else _plugin(kind)(config)
         if config.render.engine_output == "engine_parser":
-            return EngineRendered(chat)
+            return EngineRendered(chat, context=context)
         template = template or _template(config)
         return EngineRendered(
             chat,
+            context=context,
             reparse=Reparse(
                 text=template.text,
                 parser=_parser_options(config),
@@ -102,6 +124,8 @@ def build_capture(config: GatewayConfig, *, template: ChatTemplate | None = None
         tokens,
         parser=_parser_options(config),
         stop_token_ids=tuple(config.render.stop_token_ids),
+        context=context,
+        offload=offload,
     )
 
 

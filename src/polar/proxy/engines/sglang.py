@@ -29,6 +29,17 @@ from polar.proxy.engines.openai_compat import (
     logprob_details,
     usage,
 )
+from polar.proxy.engines.replies import (
+    array,
+    count,
+    guarded,
+    number,
+    obj,
+    optional_obj,
+    stop_reason,
+    token_id,
+    token_ids,
+)
 from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.errors import EngineProtocolError
 
@@ -86,6 +97,7 @@ class SglangChatEngine:
         body["separate_reasoning"] = True
         return EngineCall(body=body, events=self._once(body, headers))
 
+    @guarded
     async def _once(
         self, body: dict[str, Any], headers: Headers
     ) -> AsyncGenerator[EngineEvent, None]:
@@ -94,28 +106,42 @@ class SglangChatEngine:
             yield event
 
 
+def output_triples(meta: dict[str, Any]) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Ids and logprobs from SGLang's ``output_token_logprobs`` (``[logprob, id, text]``)."""
+    triples = array(meta.get("output_token_logprobs"), "meta_info.output_token_logprobs")
+    ids: list[int] = []
+    logprobs: list[float] = []
+    for triple in triples:
+        entry = array(triple, "an output_token_logprobs entry")
+        if len(entry) < 2:
+            raise EngineProtocolError("SGLang sent an output_token_logprobs entry without an id")
+        logprobs.append(number(entry[0], "a logprob"))
+        ids.append(token_id(entry[1], "a token id"))
+    return tuple(ids), tuple(logprobs)
+
+
 def parse_reply(reply: Any) -> list[EngineEvent]:
     """A non-streamed SGLang chat completion (with meta_info) to IR events."""
-    try:
-        choice = reply["choices"][0]
-        message = choice["message"]
-        prompt_ids = tuple(choice["prompt_token_ids"])
-        meta = choice["meta_info"]
-        triples = meta["output_token_logprobs"]
-    except (KeyError, IndexError, TypeError) as exc:
+    choices = array(obj(reply, "a chat completion").get("choices"), "choices")
+    if not choices:
+        raise EngineProtocolError("SGLang sent a chat completion without choices")
+    choice = obj(choices[0], "a choice")
+    if choice.get("prompt_token_ids") is None or choice.get("meta_info") is None:
         raise EngineProtocolError(
-            f"SGLang reply lacks {exc}; the gateway needs an SGLang with "
-            "return_prompt_token_ids and return_meta_info (0.5.13 or newer)"
-        ) from None
-    ids = tuple(int(t[1]) for t in triples)
-    logprobs = tuple(float(t[0]) for t in triples)
-    if choice.get("token_ids") is not None and tuple(choice["token_ids"]) != ids:
+            "SGLang reply lacks prompt_token_ids or meta_info; the gateway needs an SGLang "
+            "with return_prompt_token_ids and return_meta_info (0.5.13 or newer)"
+        )
+    message = obj(choice.get("message"), "a choice's message")
+    prompt_ids = token_ids(choice["prompt_token_ids"], "prompt_token_ids")
+    meta = obj(choice["meta_info"], "meta_info")
+    ids, logprobs = output_triples(meta)
+    if choice.get("token_ids") is not None and token_ids(choice["token_ids"], "token_ids") != ids:
         raise EngineProtocolError("SGLang token_ids disagree with meta_info.output_token_logprobs")
-    content = (choice.get("logprobs") or {}).get("content")
+    content = optional_obj(choice.get("logprobs"), "logprobs").get("content")
     details = logprob_details(content) if content is not None else None
     if details is not None and len(details) != len(ids):
         details = None  # SGLang merges identical top entries; ids and logprobs stay exact
-    completion_tokens = int(meta.get("completion_tokens", len(ids)))
+    completion_tokens = count(meta.get("completion_tokens", len(ids)), "completion_tokens")
     return [
         PromptTokens(prompt_ids),
         delta_from_message(message, token_ids=ids, logprobs=logprobs, details=details),
@@ -126,6 +152,6 @@ def parse_reply(reply: Any) -> list[EngineEvent]:
                 fallback_prompt=len(prompt_ids),
                 fallback_completion=completion_tokens,
             ),
-            matched_stop=choice.get("matched_stop"),
+            matched_stop=stop_reason(choice.get("matched_stop")),
         ),
     ]

@@ -12,11 +12,20 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import orjson
-
 from polar.ir import Delta, EngineEvent, Finish, Usage
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers, TokenRequest
 from polar.proxy.engines.openai_compat import finish_reason
+from polar.proxy.engines.replies import (
+    count,
+    error_of,
+    guarded,
+    json_reply,
+    obj,
+    optional_obj,
+    stop_reason,
+    token_ids,
+)
+from polar.proxy.engines.sglang import output_triples
 from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.errors import EngineProtocolError
 
@@ -55,13 +64,6 @@ def generate_body(request: TokenRequest) -> dict[str, Any]:
     }
 
 
-def _triples(meta: dict[str, Any]) -> list[Any]:
-    triples = meta.get("output_token_logprobs")
-    if not isinstance(triples, list):
-        raise EngineProtocolError("SGLang reply lacks meta_info.output_token_logprobs")
-    return triples
-
-
 class SglangTokenEngine:
     name = "sglang"
 
@@ -80,6 +82,7 @@ class SglangTokenEngine:
         body = generate_body(request)
         return EngineCall(body=body, events=self._run(body, headers))
 
+    @guarded
     async def _run(
         self, body: dict[str, Any], headers: Headers
     ) -> AsyncGenerator[EngineEvent, None]:
@@ -89,50 +92,53 @@ class SglangTokenEngine:
             async for sse in self._transport.stream_sse(GENERATE_PATH, body, headers):
                 if sse.data == b"[DONE]":
                     break
-                try:
-                    chunk = orjson.loads(sse.data)
-                except orjson.JSONDecodeError as exc:
-                    raise EngineProtocolError(
-                        f"SGLang sent a chunk that is not JSON: {exc}"
-                    ) from exc
+                chunk = obj(json_reply(sse.data, "a chunk"), "a chunk")
                 if "error" in chunk:
-                    raise EngineProtocolError(f"SGLang failed mid-stream: {chunk['error']}")
-                meta = chunk.get("meta_info") or {}
+                    raise EngineProtocolError(f"SGLang failed mid-stream: {error_of(chunk)}")
+                meta = optional_obj(chunk.get("meta_info"), "meta_info")
                 delta, sent = _new_part(chunk, meta, sent)
                 if delta.token_ids:
                     yield delta
         else:
-            reply = await self._transport.post_json(GENERATE_PATH, body, headers)
-            meta = reply.get("meta_info") or {}
+            reply = obj(await self._transport.post_json(GENERATE_PATH, body, headers), "a reply")
+            meta = optional_obj(reply.get("meta_info"), "meta_info")
             delta, sent = _new_part(reply, meta, 0)
             yield delta
-        if not meta.get("finish_reason"):
+        reason = meta.get("finish_reason")
+        if not reason:
             raise EngineProtocolError("SGLang output ended without a finish_reason")
+        cached = meta.get("cached_tokens")
         yield Finish(
-            reason=finish_reason(meta["finish_reason"]),
+            reason=finish_reason(reason),
             usage=Usage(
-                prompt_tokens=int(meta.get("prompt_tokens", len(body["input_ids"]))),
-                completion_tokens=int(meta.get("completion_tokens", sent)),
-                cached_tokens=meta.get("cached_tokens"),
+                prompt_tokens=count(
+                    meta.get("prompt_tokens", len(body["input_ids"])), "prompt_tokens"
+                ),
+                completion_tokens=count(meta.get("completion_tokens", sent), "completion_tokens"),
+                cached_tokens=None if cached is None else count(cached, "cached_tokens"),
             ),
-            matched_stop=(meta["finish_reason"] or {}).get("matched"),
+            matched_stop=(stop_reason(reason.get("matched")) if isinstance(reason, dict) else None),
         )
 
 
 def _new_part(chunk: dict[str, Any], meta: dict[str, Any], sent: int) -> tuple[Delta, int]:
     """The ids and logprobs not yet passed on, whether chunks are cumulative or not."""
-    ids = [int(i) for i in chunk.get("output_ids") or ()]
-    triples = _triples(meta)
-    total = int(meta.get("output_token_logprobs_length", meta.get("completion_tokens", len(ids))))
+    ids = list(token_ids(chunk.get("output_ids"), "output_ids"))
+    triple_ids, triple_logprobs = output_triples(meta)
+    triples = list(zip(triple_logprobs, triple_ids, strict=True))
+    total = count(
+        meta.get("output_token_logprobs_length", meta.get("completion_tokens", len(ids))),
+        "output length",
+    )
     if len(ids) == total and total >= sent:  # cumulative (SGLang's default)
         ids, triples = ids[sent:], triples[sent:] if len(triples) == total else triples
     if len(triples) != len(ids):
         raise EngineProtocolError(
             f"SGLang sent {len(ids)} new ids but {len(triples)} logprob entries"
         )
-    if any(int(t[1]) != i for t, i in zip(triples, ids, strict=True)):
+    if any(t[1] != i for t, i in zip(triples, ids, strict=True)):
         raise EngineProtocolError("SGLang output_ids disagree with output_token_logprobs")
     return (
-        Delta(token_ids=tuple(ids), logprobs=tuple(float(t[0]) for t in triples)),
+        Delta(token_ids=tuple(ids), logprobs=tuple(t[0] for t in triples)),
         sent + len(ids),
     )

@@ -22,7 +22,9 @@ from polar.proxy.errors import (
     EngineProtocolError,
     EngineTimeout,
     EngineUnavailable,
+    InvalidRequest,
 )
+from polar.proxy.logtext import clip
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +89,12 @@ def error_message(body: bytes) -> tuple[str, str | None]:
     if isinstance(doc, dict):
         inner = doc.get("error", doc)
         if isinstance(inner, dict):
-            message = inner.get("message") or inner.get("detail") or str(inner)
+            message = inner.get("message") or inner.get("detail") or inner
             param = inner.get("param")
-            return str(message), str(param) if isinstance(param, str) else None
+            return clip(str(message), 2000), clip(param, 200) if isinstance(param, str) else None
         if isinstance(inner, str):
-            return inner, None
-    return str(doc)[:2000], None
+            return clip(inner, 2000), None
+    return clip(str(doc), 2000), None
 
 
 class EngineTransport:
@@ -105,6 +107,8 @@ class EngineTransport:
         api_key: str | None = None,
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 900.0,
+        idle_timeout_s: float = 60.0,
+        total_timeout_s: float = 3600.0,
         max_connections: int = 1024,
     ) -> None:
         self.base_url = base_url.rstrip("/")
@@ -115,6 +119,8 @@ class EngineTransport:
             self.base_url,
             connect_timeout_s=connect_timeout_s,
             read_timeout_s=read_timeout_s,
+            idle_timeout_s=idle_timeout_s,
+            total_timeout_s=total_timeout_s,
             max_idle=max_connections,
             default_headers=headers,
         )
@@ -122,21 +128,21 @@ class EngineTransport:
     async def aclose(self) -> None:
         await self._pool.aclose()
 
+    async def get_json(self, path: str) -> Any:
+        """GET a path, return the decoded JSON reply."""
+        with _mapped_errors(path):
+            response = await self._pool.request("GET", path, b"", {})
+            content = await response.read()
+        return _json_reply(path, response.status, content)
+
     async def post_json(
         self, path: str, body: Any, headers: Mapping[str, str] | None = None
     ) -> Any:
         """POST a JSON body, return the decoded JSON reply."""
         with _mapped_errors(path):
-            response = await self._pool.request(
-                "POST", path, orjson.dumps(body), dict(headers or {})
-            )
+            response = await self._pool.request("POST", path, _encode(body), dict(headers or {}))
             content = await response.read()
-        if response.status >= 400:
-            raise _http_error(response.status, content)
-        try:
-            return orjson.loads(content)
-        except orjson.JSONDecodeError as exc:
-            raise EngineProtocolError(f"engine sent invalid JSON from {path}: {exc}") from exc
+        return _json_reply(path, response.status, content)
 
     async def stream_sse(
         self, path: str, body: Any, headers: Mapping[str, str] | None = None
@@ -149,10 +155,7 @@ class EngineTransport:
         """
         with _mapped_errors(path):
             response = await self._pool.request(
-                "POST",
-                path,
-                orjson.dumps(body),
-                {**(headers or {}), "accept": "text/event-stream"},
+                "POST", path, _encode(body), {**(headers or {}), "accept": "text/event-stream"}
             )
         if response.status >= 400:
             with _mapped_errors(path):
@@ -171,6 +174,22 @@ class EngineTransport:
             await chunks.aclose()  # type: ignore[attr-defined]
 
 
+def _json_reply(path: str, status: int, content: bytes) -> Any:
+    if status >= 400:
+        raise _http_error(status, content)
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError as exc:
+        raise EngineProtocolError(f"engine sent invalid JSON from {path}: {exc}") from exc
+
+
+def _encode(body: Any) -> bytes:
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError as exc:  # a value the client sent that JSON cannot carry
+        raise InvalidRequest(f"the request cannot be sent to the engine: {exc}") from None
+
+
 def _http_error(status: int, body: bytes) -> EngineHTTPError:
     message, param = error_message(body)
     return EngineHTTPError(
@@ -186,6 +205,12 @@ def _mapped_errors(path: str, *, mid_stream: bool = False) -> Iterator[None]:
         raise EngineTimeout(f"engine timed out on {path} ({exc})") from exc
     except (ConnectFailure, ConnectionLost) as exc:
         where = "mid-stream" if mid_stream else "before replying"
-        raise EngineUnavailable(f"engine connection failed {where} on {path}: {exc}") from exc
+        # An idle pooled connection the engine had closed: retry at once.
+        stale = isinstance(exc, ConnectionLost) and exc.reused and not mid_stream
+        raise EngineUnavailable(
+            f"engine connection failed {where} on {path}: {exc}"
+            + (" (a kept-alive connection)" if stale else ""),
+            backoff=not stale,
+        ) from exc
     except ProtocolFailure as exc:
         raise EngineProtocolError(f"engine sent a bad reply on {path}: {exc}") from exc

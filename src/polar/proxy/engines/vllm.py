@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
-import orjson
-
 from polar.ir import (
     ChatRequest,
     Delta,
@@ -32,6 +30,19 @@ from polar.proxy.engines.openai_compat import (
     logprob_details,
     tool_call_deltas,
     usage,
+)
+from polar.proxy.engines.replies import (
+    array,
+    error_of,
+    guarded,
+    json_reply,
+    number,
+    obj,
+    optional_array,
+    optional_obj,
+    stop_reason,
+    text,
+    token_ids,
 )
 from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.errors import EngineProtocolError
@@ -104,6 +115,7 @@ class VllmChatEngine:
             return EngineCall(body=body, events=self._stream(body, details, headers))
         return EngineCall(body=body, events=self._once(body, details, headers))
 
+    @guarded
     async def _once(
         self, body: dict[str, Any], details: bool, headers: Headers
     ) -> AsyncGenerator[EngineEvent, None]:
@@ -111,6 +123,7 @@ class VllmChatEngine:
         for event in parse_reply(reply, details=details):
             yield event
 
+    @guarded
     async def _stream(
         self, body: dict[str, Any], details: bool, headers: Headers
     ) -> AsyncGenerator[EngineEvent, None]:
@@ -124,32 +137,34 @@ class VllmChatEngine:
 def _ids_and_logprobs(
     choice: Mapping[str, Any], details: bool
 ) -> tuple[tuple[int, ...], tuple[TokenLogprob, ...] | None, tuple[float, ...]]:
-    ids = tuple(choice.get("token_ids") or ())
-    logprobs = choice.get("logprobs")
-    content = (logprobs.get("content") if isinstance(logprobs, dict) else None) or ()
-    try:
-        values = tuple(float(entry["logprob"]) for entry in content)
-    except (KeyError, TypeError, ValueError):
-        raise EngineProtocolError("engine sent a logprobs entry without a number") from None
+    ids = token_ids(choice.get("token_ids"), "token_ids")
+    logprobs = optional_obj(choice.get("logprobs"), "logprobs")
+    content = optional_array(logprobs.get("content"), "logprobs.content")
+    values = tuple(
+        number(obj(entry, "a logprobs entry").get("logprob"), "a logprob") for entry in content
+    )
     if len(values) != len(ids):
         raise EngineProtocolError(
             f"engine sent {len(ids)} token ids but {len(values)} logprobs; "
             "is it vLLM >= 0.10 with return_token_ids support?"
         )
-    return ids, (logprob_details(list(content)) if details else None), values
+    return ids, (logprob_details(content) if details else None), values
 
 
 def parse_reply(reply: Any, *, details: bool = True) -> list[EngineEvent]:
     """A non-streamed vLLM chat completion to IR events."""
-    try:
-        choice = reply["choices"][0]
-        prompt_ids = tuple(reply["prompt_token_ids"])
-        message = choice["message"]
-    except (KeyError, IndexError, TypeError) as exc:
+    reply = obj(reply, "a chat completion")
+    choices = array(reply.get("choices"), "choices")
+    if not choices:
+        raise EngineProtocolError("engine sent a chat completion without choices")
+    choice = obj(choices[0], "a choice")
+    if reply.get("prompt_token_ids") is None:
         raise EngineProtocolError(
-            f"vLLM reply lacks {exc}; the gateway asks for return_token_ids, "
+            "vLLM reply lacks 'prompt_token_ids'; the gateway asks for return_token_ids, "
             "which needs a vLLM that supports it"
-        ) from None
+        )
+    prompt_ids = token_ids(reply["prompt_token_ids"], "prompt_token_ids")
+    message = obj(choice.get("message"), "a choice's message")
     ids, detail, logprobs = _ids_and_logprobs(choice, details)
     return [
         PromptTokens(prompt_ids),
@@ -159,7 +174,7 @@ def parse_reply(reply: Any, *, details: bool = True) -> list[EngineEvent]:
             usage=usage(
                 reply.get("usage"), fallback_prompt=len(prompt_ids), fallback_completion=len(ids)
             ),
-            matched_stop=choice.get("stop_reason"),
+            matched_stop=stop_reason(choice.get("stop_reason")),
         ),
     ]
 
@@ -180,33 +195,31 @@ class StreamReader:
         if data == b"[DONE]":
             self._done = True
             return []
-        try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise EngineProtocolError(f"engine sent a chunk that is not JSON: {exc}") from exc
+        chunk = obj(json_reply(data, "a chunk"), "a chunk")
         if "error" in chunk and "choices" not in chunk:
-            error = chunk["error"]
-            message = error.get("message") if isinstance(error, dict) else error
-            raise EngineProtocolError(f"engine failed mid-stream: {message}")
+            raise EngineProtocolError(f"engine failed mid-stream: {error_of(chunk)}")
         events: list[EngineEvent] = []
         if chunk.get("prompt_token_ids") is not None and self._prompt is None:
-            self._prompt = tuple(chunk["prompt_token_ids"])
+            self._prompt = token_ids(chunk["prompt_token_ids"], "prompt_token_ids")
             events.append(PromptTokens(self._prompt))
         if chunk.get("usage") is not None:
             self._usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
+        for choice in optional_array(chunk.get("choices"), "choices"):
+            choice = obj(choice, "a choice")
             ids, details, logprobs = _ids_and_logprobs(choice, self._details)
-            delta = choice.get("delta") or {}
-            text = delta.get("content") or ""
-            reasoning = delta.get("reasoning") or delta.get("reasoning_content") or ""
+            delta = optional_obj(choice.get("delta"), "a delta")
+            content = text(delta.get("content"), "delta content")
+            reasoning = text(
+                delta.get("reasoning") or delta.get("reasoning_content"), "delta reasoning"
+            )
             calls = tool_call_deltas(delta.get("tool_calls"))
-            if ids or text or reasoning or calls:
+            if ids or content or reasoning or calls:
                 self._completion_tokens += len(ids)
                 events.append(
                     Delta(
                         token_ids=ids,
                         logprobs=logprobs,
-                        text=text,
+                        text=content,
                         reasoning=reasoning,
                         tool_calls=calls,
                         details=details,
@@ -214,7 +227,7 @@ class StreamReader:
                 )
             if choice.get("finish_reason") is not None:
                 self._finish = finish_reason(choice["finish_reason"])
-                self._matched = choice.get("stop_reason")
+                self._matched = stop_reason(choice.get("stop_reason"))
         return events
 
     def finish(self) -> Finish:

@@ -11,11 +11,22 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import orjson
-
 from polar.ir import Delta, EngineEvent, Finish, FinishReason, TokenLogprob, TopLogprob
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers, TokenRequest
 from polar.proxy.engines.openai_compat import finish_reason, usage
+from polar.proxy.engines.replies import (
+    array,
+    error_of,
+    guarded,
+    json_reply,
+    number,
+    obj,
+    optional_array,
+    optional_obj,
+    stop_reason,
+    text,
+    token_ids,
+)
 from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.errors import EngineProtocolError
 
@@ -57,26 +68,39 @@ def completion_body(request: TokenRequest, *, model: str) -> dict[str, Any]:
 
 
 def _choice_delta(choice: dict[str, Any], *, details: bool) -> Delta:
-    ids = tuple(int(i) for i in choice.get("token_ids") or ())
-    logprobs = choice.get("logprobs") or {}
-    values = tuple(float(x) for x in logprobs.get("token_logprobs") or ())
+    ids = token_ids(choice.get("token_ids"), "token_ids")
+    logprobs = optional_obj(choice.get("logprobs"), "logprobs")
+    values = tuple(
+        number(x, "a logprob")
+        for x in optional_array(logprobs.get("token_logprobs"), "token_logprobs")
+    )
     if len(values) != len(ids):
         raise EngineProtocolError(
             f"engine sent {len(ids)} token ids but {len(values)} logprobs on {COMPLETIONS_PATH}"
         )
     detail = None
     if details:
-        tokens = logprobs.get("tokens") or [""] * len(ids)
-        tops = logprobs.get("top_logprobs") or [None] * len(ids)
+        tokens = optional_array(logprobs.get("tokens"), "logprobs.tokens") or [""] * len(ids)
+        tops = optional_array(logprobs.get("top_logprobs"), "top_logprobs") or [None] * len(ids)
         detail = tuple(
             TokenLogprob(
-                token=str(token),
+                token=text(token, "a logprobs token"),
                 logprob=value,
-                top=tuple(TopLogprob(token=k, logprob=float(v)) for k, v in (top or {}).items()),
+                top=tuple(
+                    TopLogprob(token=str(k), logprob=number(v, "a top logprob"))
+                    for k, v in optional_obj(top, "a top logprobs entry").items()
+                ),
             )
             for token, value, top in zip(tokens, values, tops, strict=False)
         )
     return Delta(token_ids=ids, logprobs=values, details=detail)
+
+
+def _first_choice(reply: Any) -> dict[str, Any]:
+    choices = array(obj(reply, "a completion").get("choices"), "choices")
+    if not choices:
+        raise EngineProtocolError(f"engine reply on {COMPLETIONS_PATH} has no choices")
+    return obj(choices[0], "a choice")
 
 
 class VllmTokenEngine:
@@ -108,33 +132,31 @@ class VllmTokenEngine:
         )
         return EngineCall(body=body, events=events)
 
+    @guarded
     async def _once(
         self, body: dict[str, Any], details: bool, headers: Headers
     ) -> AsyncGenerator[EngineEvent, None]:
         reply = await self._transport.post_json(COMPLETIONS_PATH, body, headers)
-        try:
-            choice = reply["choices"][0]
-        except (KeyError, IndexError, TypeError):
-            raise EngineProtocolError(
-                f"engine reply on {COMPLETIONS_PATH} has no choices"
-            ) from None
+        choice = _first_choice(reply)
         delta = _choice_delta(choice, details=details)
+        reason = finish_reason(choice.get("finish_reason"))
         yield delta
         yield Finish(
-            reason=finish_reason(choice.get("finish_reason")),
+            reason=reason,
             usage=usage(
                 reply.get("usage"),
                 fallback_prompt=len(body["prompt"]),
                 fallback_completion=len(delta.token_ids),
             ),
-            matched_stop=choice.get("stop_reason"),
+            matched_stop=stop_reason(choice.get("stop_reason")),
         )
 
+    @guarded
     async def _stream(
         self, body: dict[str, Any], details: bool, headers: Headers
     ) -> AsyncGenerator[EngineEvent, None]:
         reason: FinishReason | None = None
-        matched: Any = None
+        matched: str | int | None = None
         raw_usage: Any = None
         produced = 0
         done = False
@@ -142,22 +164,20 @@ class VllmTokenEngine:
             if sse.data == b"[DONE]":
                 done = True
                 break
-            try:
-                chunk = orjson.loads(sse.data)
-            except orjson.JSONDecodeError as exc:
-                raise EngineProtocolError(f"engine sent a chunk that is not JSON: {exc}") from exc
+            chunk = obj(json_reply(sse.data, "a chunk"), "a chunk")
             if "error" in chunk and "choices" not in chunk:
-                raise EngineProtocolError(f"engine failed mid-stream: {chunk['error']}")
+                raise EngineProtocolError(f"engine failed mid-stream: {error_of(chunk)}")
             if chunk.get("usage") is not None:
                 raw_usage = chunk["usage"]
-            for choice in chunk.get("choices") or ():
+            for choice in optional_array(chunk.get("choices"), "choices"):
+                choice = obj(choice, "a choice")
                 delta = _choice_delta(choice, details=details)
                 if delta.token_ids:
                     produced += len(delta.token_ids)
                     yield delta
                 if choice.get("finish_reason") is not None:
                     reason = finish_reason(choice["finish_reason"])
-                    matched = choice.get("stop_reason")
+                    matched = stop_reason(choice.get("stop_reason"))
         if reason is None or not done:
             raise EngineProtocolError(f"engine stream on {COMPLETIONS_PATH} ended before finishing")
         yield Finish(

@@ -31,6 +31,10 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(code): byte for byte, code in zip(printable, codes, strict=True)}
 
 
+# Texts longer than this are encoded without holding the GIL.
+_GIL_FREE_CHARS = 32 << 10
+
+
 class TokenText:
     """Bytes and text of token ids for one tokenizer."""
 
@@ -68,6 +72,10 @@ class TokenText:
         """Token ids of ``text`` with special tokens recognised and none added."""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:  # the Rust tokenizer directly: same ids, less overhead
+            if len(text) > _GIL_FREE_CHARS:
+                # encode() holds the GIL throughout (seconds for megabytes: every
+                # thread, the event loop included, stops); encode_batch() lets go.
+                return list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
             return list(backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 

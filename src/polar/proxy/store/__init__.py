@@ -1,5 +1,5 @@
 """Durable storage of sessions and completion records (SQLite, WAL mode)."""
 
-from polar.proxy.store.sqlite import SessionRow, SqliteStore, StoreStats
+from polar.proxy.store.sqlite import SessionRow, SqliteStore, StoreError, StoreState, StoreStats
 
-__all__ = ["SessionRow", "SqliteStore", "StoreStats"]
+__all__ = ["SessionRow", "SqliteStore", "StoreError", "StoreState", "StoreStats"]

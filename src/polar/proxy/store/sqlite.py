@@ -1,27 +1,46 @@
 """SQLite record store: one writer thread with group commit, WAL readers.
 
-Durability contract: ``await store.append(record)`` returns only after the
-transaction holding the record has committed. The gateway awaits it before
-sending the last byte of a reply, so an answered call survives a crash of the
-gateway process. With ``synchronous="normal"`` (the default; WAL mode) a power
-cut or kernel crash can lose the last transactions; ``"full"`` fsyncs every
-commit and survives those too, for about 0.6 ms more per call. A caller that
-is cancelled while waiting does not cancel the write.
+Durability contract (what is on disk, and when):
 
-All writes go through one thread (SQLite allows one writer); concurrent calls
-are batched into one transaction per wake-up, which keeps the fsync cost per
-call small at high concurrency. Reads open their own connections.
+* ``await store.begin(record)`` returns once the row of a call about to be
+  sent to the engine has committed: status ``in_flight``, the client's and the
+  engine's request bodies, and the prompt ids when the gateway rendered them.
+  The relay awaits it before it calls the engine, so every call that reached
+  an engine is in the store even if the gateway is killed the next instant.
+* ``await store.finish(record)`` writes the call's outcome over that row
+  (completed, failed or aborted; sampled ids, logprobs, message, usage,
+  error). The relay awaits it before the last byte of a reply, so an answered
+  call is durable before the client knows it was answered.
+* :meth:`SqliteStore.open` marks rows still ``in_flight`` from an earlier
+  process ``interrupted``: they were sent and never finished. One gateway
+  process writes a store at a time (an exclusive lock on ``<path>.lock``), so
+  rows in flight at open can only be a dead process's.
+* ``await store.append(record)`` writes a finished record in one go.
+
+With ``synchronous="normal"`` (the default; WAL mode) commits survive a crash
+or ``kill -9`` of the gateway process; a power cut or kernel crash can lose the
+last transactions. ``"full"`` fsyncs every commit and survives those too.
+
+Cost: concurrent writes share one transaction per wake-up of the writer
+(group commit), so the dispatch row costs less than a second commit per call.
+``benchmarks/reliability.py store`` measures begin + finish against one append
+per call, side by side in one run, at several concurrency levels.
+
+A caller cancelled while waiting does not cancel its write. A write that does
+not commit within ``write_timeout_s`` raises :class:`StoreError` instead of
+hanging (the gateway answers 503), and :meth:`SqliteStore.state` reports
+whether the writer is alive and its last transaction committed, for
+``/health``. Reads open their own connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
-import queue
+import os
 import sqlite3
-import threading
-from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,122 +48,35 @@ from typing import Any, Literal
 
 import orjson
 
-from polar.ir import (
-    CallError,
-    CaptureMode,
-    CompletionRecord,
-    Dialect,
-    EditKind,
-    ErrorKind,
-    FinishReason,
-    MalformedToolCall,
-    RecordStatus,
-    RequestEdit,
-    Timings,
+from polar.ir import CallError, CompletionRecord, ErrorKind, RecordStatus
+from polar.proxy.store.packing import decode_blob
+from polar.proxy.store.rows import (
+    MIGRATIONS,
+    RECORD_COLUMNS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    dumps,
+    error_json,
+    record_from_row,
 )
-from polar.ir.codec import (
-    delivery_flags_from_json,
-    delivery_flags_to_json,
-    lineage_from_json,
-    lineage_to_json,
-    message_from_json,
-    message_to_json,
-    usage_from_json,
-    usage_to_json,
+from polar.proxy.store.writer import (
+    AppendRecord,
+    BeginRecord,
+    CloseSession,
+    FinishRecord,
+    InsertSession,
+    Op,
+    SessionRow,
+    SetMeta,
+    StoreError,
+    Writer,
 )
-from polar.proxy.store.packing import (
-    ListMemo,
-    common_prefix_tokens,
-    decode_blob,
-    encode_blob,
-    join_body,
-    pack_floats,
-    pack_ids,
-    split_body,
-    unpack_floats,
-    unpack_ids,
-)
+
+__all__ = ["SessionRow", "SqliteStore", "StoreError", "StoreState", "StoreStats"]
 
 _log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY,
-    key_hash TEXT UNIQUE NOT NULL,
-    created_at REAL NOT NULL,
-    closed_at REAL,
-    metadata TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS blobs (
-    key BLOB PRIMARY KEY,
-    data BLOB NOT NULL,
-    session_id TEXT NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS records (
-    rowid INTEGER PRIMARY KEY,
-    session_id TEXT NOT NULL REFERENCES sessions(id),
-    seq INTEGER NOT NULL,
-    attempt INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    dialect TEXT NOT NULL,
-    capture TEXT NOT NULL,
-    engine TEXT NOT NULL,
-    model TEXT NOT NULL,
-    policy_version INTEGER NOT NULL,
-    stream INTEGER NOT NULL,
-    finish_reason TEXT,
-    error TEXT,
-    timings TEXT NOT NULL,
-    usage TEXT,
-    message TEXT,
-    original_request BLOB NOT NULL,
-    engine_request BLOB NOT NULL,
-    prompt_base INTEGER,
-    prompt_shared INTEGER NOT NULL,
-    prompt_tail BLOB NOT NULL,
-    output_ids BLOB NOT NULL,
-    output_logprobs BLOB NOT NULL,
-    lineage TEXT,
-    malformed TEXT,
-    edits TEXT,
-    delivery TEXT,
-    UNIQUE (session_id, seq, attempt)
-);
-"""
-
-# Statements that bring a store of version N-1 to version N.
-_MIGRATIONS = {
-    2: (
-        "ALTER TABLE records ADD COLUMN lineage TEXT",
-        "ALTER TABLE records ADD COLUMN malformed TEXT",
-    ),
-    3: ("ALTER TABLE records ADD COLUMN edits TEXT",),
-    4: ("ALTER TABLE records ADD COLUMN delivery TEXT",),
-}
-
-_RECORD_COLUMNS = (
-    "rowid, session_id, seq, attempt, status, dialect, capture, engine, model, policy_version, "
-    "stream, finish_reason, error, timings, usage, message, original_request, engine_request, "
-    "prompt_base, prompt_shared, prompt_tail, output_ids, output_logprobs, "
-    "lineage, malformed, edits, delivery"
-)
-
-
-class StoreError(Exception):
-    """The record store could not do what was asked (corrupt file, schema mismatch, closed)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRow:
-    id: str
-    key_hash: str
-    created_at: float
-    closed_at: float | None
-    metadata: dict[str, Any]
-    last_seq: int
+_POLICY_VERSION = "policy_version"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,65 +89,17 @@ class StoreStats:
 
 
 @dataclass(frozen=True, slots=True)
-class _InsertSession:
-    row: SessionRow
+class StoreState:
+    """The store's health, as ``/health`` reports it."""
 
-
-@dataclass(frozen=True, slots=True)
-class _CloseSession:
-    session_id: str
-    closed_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class _AppendRecord:
-    record: CompletionRecord
-
-
-@dataclass(frozen=True, slots=True)
-class _SetPolicyVersion:
-    version: int
-
-
-_Op = _InsertSession | _CloseSession | _AppendRecord | _SetPolicyVersion
-_STOP = object()
-
-
-class _DeltaBases:
-    """Recent ``prompt + output`` id strings per session, to encode new prompts as deltas.
-
-    Bounded by a global byte budget; evicting only costs compression (the next
-    prompt of an evicted session is stored in full).
-    """
-
-    def __init__(self, per_session: int, byte_budget: int) -> None:
-        self._per_session = per_session
-        self._budget = byte_budget
-        self._bytes = 0
-        self._sessions: OrderedDict[str, deque[tuple[int, bytes]]] = OrderedDict()
-
-    def best(self, session_id: str, prompt: bytes) -> tuple[int | None, int]:
-        entries = self._sessions.get(session_id)
-        if not entries:
-            return None, 0
-        self._sessions.move_to_end(session_id)
-        best_row, best_len = None, 0
-        for rowid, full in entries:
-            shared = common_prefix_tokens(full, prompt)
-            if shared > best_len:
-                best_row, best_len = rowid, shared
-        return best_row, best_len
-
-    def add(self, session_id: str, rowid: int, full: bytes) -> None:
-        entries = self._sessions.setdefault(session_id, deque())
-        self._sessions.move_to_end(session_id)
-        entries.append((rowid, full))
-        self._bytes += len(full)
-        if len(entries) > self._per_session:
-            self._bytes -= len(entries.popleft()[1])
-        while self._bytes > self._budget and self._sessions:
-            _, dropped = self._sessions.popitem(last=False)
-            self._bytes -= sum(len(full) for _, full in dropped)
+    open: bool
+    writing: bool
+    """The writer thread is alive and its last transaction committed."""
+    queued: int
+    failed_ops: int
+    interrupted_at_open: int
+    """Calls an earlier process left in flight, marked ``interrupted`` at open."""
+    last_error: str | None
 
 
 class SqliteStore:
@@ -228,32 +112,30 @@ class SqliteStore:
         synchronous: Literal["full", "normal"] = "normal",
         delta_window: int = 4,
         delta_budget_bytes: int = 256 << 20,
+        write_timeout_s: float = 30.0,
     ) -> None:
         self.path = path
         self._synchronous = synchronous.upper()
-        self._bases = _DeltaBases(delta_window, delta_budget_bytes)
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._writer: sqlite3.Connection | None = None
-        self._known_blobs: OrderedDict[bytes, None] = OrderedDict()
-        # Cache updates of the open transaction; applied only once it commits,
-        # so a rolled-back write can never leave a reference to rows that are not there.
-        self._pending_blobs: list[bytes] = []
-        self._pending_bases: list[tuple[str, int, bytes]] = []
-        # Per (session, body kind): the lists of its last stored request body.
-        self._memos: OrderedDict[tuple[str, str], ListMemo] = OrderedDict()
-        self._pending_memos: list[tuple[tuple[str, str], ListMemo]] = []
+        self._delta_window = delta_window
+        self._delta_budget = delta_budget_bytes
+        self._write_timeout = write_timeout_s
+        self._writer: Writer | None = None
+        self._lock_fd: int | None = None
+        self.interrupted_at_open = 0
 
     # ---------------------------------------------------------------- lifecycle
 
     def open(self) -> None:
+        """Open for writing: schema, migrations, recovery of calls left in flight."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock()
         try:
             conn = self._connect()
         except sqlite3.DatabaseError as exc:
+            self._unlock()
             raise StoreError(f"{self.path}: not a usable record store ({exc})") from exc
         try:
-            conn.executescript(_SCHEMA)
+            conn.executescript(SCHEMA)
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if row is None:
                 conn.execute(
@@ -267,29 +149,68 @@ class SqliteStore:
                 )
             else:
                 for version in range(int(row[0]) + 1, SCHEMA_VERSION + 1):
-                    for statement in _MIGRATIONS[version]:
+                    for statement in MIGRATIONS[version]:
                         conn.execute(statement)
                 conn.execute(
                     "UPDATE meta SET value = ? WHERE key = 'schema_version'",
                     (str(SCHEMA_VERSION),),
                 )
             conn.commit()
-        except sqlite3.DatabaseError as exc:
+            self.interrupted_at_open = self._recover(conn)
+        except (sqlite3.DatabaseError, StoreError) as exc:
             conn.close()
+            self._unlock()
+            if isinstance(exc, StoreError):
+                raise
             raise StoreError(f"{self.path}: not a usable record store ({exc})") from exc
-        self._writer = conn
-        self._thread = threading.Thread(target=self._run, name="polar-store-writer", daemon=True)
-        self._thread.start()
+        self._writer = Writer(
+            conn, delta_window=self._delta_window, delta_budget=self._delta_budget
+        )
+
+    def _recover(self, conn: sqlite3.Connection) -> int:
+        error = CallError(
+            kind=ErrorKind.GATEWAY_STOPPED,
+            message="the gateway stopped while this call was in flight",
+        )
+        cursor = conn.execute(
+            "UPDATE records SET status = ?, error = ? WHERE status = ?",
+            (
+                RecordStatus.INTERRUPTED.value,
+                dumps(error_json(error)),
+                RecordStatus.IN_FLIGHT.value,
+            ),
+        )
+        conn.commit()
+        if cursor.rowcount:
+            _log.warning(
+                "record store: %d calls were in flight when the last gateway stopped; "
+                "marked interrupted",
+                cursor.rowcount,
+            )
+        return int(cursor.rowcount)
 
     def close(self) -> None:
-        if self._thread is None:
+        if self._writer is None:
             return
-        self._queue.put(_STOP)
-        self._thread.join()
-        self._thread = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        self._writer.stop()
+        self._writer = None
+        self._unlock()
+
+    def _lock(self) -> None:
+        fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreError(
+                f"{self.path}: another gateway process is writing this record store"
+            ) from None
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the lock
+            self._lock_fd = None
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -312,207 +233,87 @@ class SqliteStore:
         finally:
             conn.close()
 
+    def state(self) -> StoreState:
+        writer = self._writer
+        if writer is None:
+            return StoreState(
+                open=False,
+                writing=False,
+                queued=0,
+                failed_ops=0,
+                interrupted_at_open=self.interrupted_at_open,
+                last_error=None,
+            )
+        w = writer.state()
+        return StoreState(
+            open=True,
+            writing=w.alive and w.healthy,
+            queued=w.queued,
+            failed_ops=w.failed_ops,
+            interrupted_at_open=self.interrupted_at_open,
+            last_error=w.last_error,
+        )
+
     # ---------------------------------------------------------------- writes
 
     async def insert_session(self, row: SessionRow) -> None:
-        await self._submit(_InsertSession(row))
+        await self._submit(InsertSession(row))
 
     async def close_session(self, session_id: str, closed_at: float) -> None:
-        await self._submit(_CloseSession(session_id, closed_at))
+        await self._submit(CloseSession(session_id, closed_at))
+
+    async def begin(self, record: CompletionRecord) -> None:
+        """Persist the row of a call about to reach the engine (status ``in_flight``)."""
+        if record.status is not RecordStatus.IN_FLIGHT:
+            raise ValueError(f"begin() takes an in-flight record, not {record.status.value}")
+        await self._submit(BeginRecord(record))
+
+    async def finish(self, record: CompletionRecord) -> None:
+        """Persist the outcome of a call written by :meth:`begin`; returns once committed."""
+        if record.status is RecordStatus.IN_FLIGHT:
+            raise ValueError("finish() takes a finished record")
+        await self._submit(FinishRecord(record))
 
     async def append(self, record: CompletionRecord) -> None:
-        """Persist ``record``; returns once it is committed."""
-        await self._submit(_AppendRecord(record))
+        """Persist a finished ``record`` in one go; returns once it is committed."""
+        await self._submit(AppendRecord(record))
 
     async def set_policy_version(self, version: int) -> None:
-        """Persist the gateway's policy version (read back by :meth:`policy_version`)."""
-        await self._submit(_SetPolicyVersion(version))
-
-    def append_nowait(self, record: CompletionRecord) -> None:
-        """Queue ``record`` without waiting (for calls whose client is already gone).
-
-        The write still happens; a failure is logged instead of raised.
-        """
-        if self._thread is None:
-            raise StoreError("record store is not open")
-        self._queue.put((_AppendRecord(record), None, None))
-
-    async def _submit(self, op: _Op) -> None:
-        if self._thread is None:
-            raise StoreError("record store is not open")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        # Once queued, the write happens even if this caller is cancelled.
-        self._queue.put((op, future, loop))
-        await future
-
-    def _run(self) -> None:
-        assert self._writer is not None
-        conn = self._writer
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            batch = [item]
-            while len(batch) < 512:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is _STOP:
-                    self._queue.put(_STOP)
-                    break
-                batch.append(nxt)
-            outcomes = self._apply_batch(conn, [op for op, _, _ in batch])
-            for (op, future, loop), outcome in zip(batch, outcomes, strict=True):
-                if future is not None:
-                    loop.call_soon_threadsafe(_settle, future, outcome)
-                elif outcome is not None:
-                    _log.error("record store: queued write %r failed: %s", op, outcome)
-
-    def _transaction(self, conn: sqlite3.Connection, ops: list[_Op]) -> BaseException | None:
-        self._pending_blobs.clear()
-        self._pending_bases.clear()
-        self._pending_memos.clear()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            for op in ops:
-                self._apply(conn, op)
-            conn.execute("COMMIT")
-        except Exception as exc:
-            conn.execute("ROLLBACK")
-            return exc
-        for key in self._pending_blobs:
-            self._known_blobs[key] = None
-            self._known_blobs.move_to_end(key)
-        while len(self._known_blobs) > 200_000:
-            self._known_blobs.popitem(last=False)
-        for session_id, rowid, full in self._pending_bases:
-            self._bases.add(session_id, rowid, full)
-        for memo_key, memo in self._pending_memos:
-            self._memos[memo_key] = memo
-            self._memos.move_to_end(memo_key)
-        while len(self._memos) > 4096:
-            self._memos.popitem(last=False)
-        return None
-
-    def _apply_batch(self, conn: sqlite3.Connection, ops: list[_Op]) -> list[BaseException | None]:
-        error = self._transaction(conn, ops)
-        if error is None:
-            return [None] * len(ops)
-        if len(ops) == 1:
-            return [error]
-        # Isolate the failing operation: retry each in its own transaction.
-        return [self._transaction(conn, [op]) for op in ops]
-
-    def _apply(self, conn: sqlite3.Connection, op: _Op) -> None:
-        match op:
-            case _InsertSession(row=row):
-                conn.execute(
-                    "INSERT INTO sessions (id, key_hash, created_at, closed_at, metadata) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (row.id, row.key_hash, row.created_at, row.closed_at, _dumps(row.metadata)),
-                )
-            case _CloseSession(session_id=session_id, closed_at=closed_at):
-                conn.execute(
-                    "UPDATE sessions SET closed_at = ? WHERE id = ? AND closed_at IS NULL",
-                    (closed_at, session_id),
-                )
-            case _AppendRecord(record=record):
-                self._insert_record(conn, record)
-            case _SetPolicyVersion(version=version):
-                conn.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('policy_version', ?)",
-                    (str(version),),
-                )
-
-    def _insert_blobs(
-        self, conn: sqlite3.Connection, session_id: str, blobs: list[tuple[bytes, bytes]]
-    ) -> None:
-        for key, data in blobs:
-            if key in self._known_blobs:
-                self._known_blobs.move_to_end(key)
-                continue
-            conn.execute(
-                "INSERT OR IGNORE INTO blobs (key, data, session_id) VALUES (?, ?, ?)",
-                (key, encode_blob(data), session_id),
-            )
-            self._pending_blobs.append(key)
-
-    def _insert_record(self, conn: sqlite3.Connection, record: CompletionRecord) -> None:
-        sid = record.session_id
-        original, original_blobs, original_memo = split_body(
-            record.original_request, self._memos.get((sid, "original"))
-        )
-        engine_body, engine_blobs, engine_memo = split_body(
-            record.engine_request, self._memos.get((sid, "engine")), record.prompt_ids
-        )
-        self._pending_memos += [((sid, "original"), original_memo), ((sid, "engine"), engine_memo)]
-        self._insert_blobs(conn, sid, original_blobs + engine_blobs)
-        prompt = pack_ids(record.prompt_ids)
-        output = pack_ids(record.output_ids)
-        base, shared = self._bases.best(record.session_id, prompt)
-        cursor = conn.execute(
-            f"INSERT INTO records ({_RECORD_COLUMNS}) VALUES "
-            "(NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                record.session_id,
-                record.seq,
-                record.attempt,
-                record.status.value,
-                record.dialect.value,
-                record.capture.value,
-                record.engine,
-                record.model,
-                record.policy_version,
-                int(record.stream),
-                record.finish_reason.value if record.finish_reason else None,
-                _dumps(_error_json(record.error)) if record.error else None,
-                _dumps(_timings_json(record.timings)),
-                _dumps(usage_to_json(record.usage)) if record.usage else None,
-                _dumps(message_to_json(record.message)) if record.message else None,
-                original,
-                engine_body,
-                base,
-                shared,
-                prompt[shared * 4 :],
-                output,
-                pack_floats(record.output_logprobs),
-                _dumps(lineage_to_json(record.lineage)) if record.lineage else None,
-                (
-                    _dumps(
-                        [{"raw": m.raw, "reason": m.reason} for m in record.malformed_tool_calls]
-                    )
-                    if record.malformed_tool_calls
-                    else None
-                ),
-                (
-                    _dumps([{"kind": e.kind.value, "detail": e.detail} for e in record.edits])
-                    if record.edits
-                    else None
-                ),
-                (
-                    _dumps(delivery_flags_to_json(record.delivery_flags))
-                    if record.delivery_flags
-                    else None
-                ),
-            ),
-        )
-        rowid = cursor.lastrowid
-        assert rowid is not None
-        self._pending_bases.append((record.session_id, rowid, prompt + output))
-
-    # ---------------------------------------------------------------- reads
+        """Persist the policy version the gateway stamps on new calls."""
+        await self._submit(SetMeta(_POLICY_VERSION, str(version)))
 
     def policy_version(self) -> int:
         """The last persisted policy version; a store from before versions were
         persisted: the newest one on a record; an empty store: 0."""
         with self._reader() as conn:
-            row = conn.execute("SELECT value FROM meta WHERE key = 'policy_version'").fetchone()
+            row = conn.execute(
+                "SELECT value FROM meta WHERE key = ?", (_POLICY_VERSION,)
+            ).fetchone()
             if row is not None:
                 return int(row[0])
             newest = conn.execute("SELECT MAX(policy_version) FROM records").fetchone()
         return int(newest[0]) if newest and newest[0] is not None else 0
+
+    async def _submit(self, op: Op) -> None:
+        writer = self._writer
+        if writer is None:
+            raise StoreError("record store is not open")
+        if not writer.alive:
+            raise StoreError("the record store's writer has stopped")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        future.add_done_callback(_retrieve)
+        # Once queued, the write happens even if this caller is cancelled or times out.
+        writer.put((op, future, loop))
+        try:
+            async with asyncio.timeout(self._write_timeout):
+                await asyncio.shield(future)
+        except TimeoutError:
+            raise StoreError(
+                f"the record store did not commit within {self._write_timeout:g} s"
+            ) from None
+
+    # ---------------------------------------------------------------- reads
 
     def load_sessions(self, *, include_closed: bool = False) -> list[SessionRow]:
         where = "" if include_closed else "WHERE s.closed_at IS NULL"
@@ -546,7 +347,7 @@ class SqliteStore:
         """All records of a session in ``(seq, attempt)`` order, prompts reconstructed."""
         with self._reader() as conn:
             rows = conn.execute(
-                f"SELECT {_RECORD_COLUMNS} FROM records WHERE session_id = ? ORDER BY seq, attempt",
+                f"SELECT {RECORD_COLUMNS} FROM records WHERE session_id = ? ORDER BY seq, attempt",
                 (session_id,),
             ).fetchall()
             fulls: dict[int, bytes] = {}
@@ -576,7 +377,7 @@ class SqliteStore:
             for row in rows:
                 prompt = _prompt(row[18], row[19], row[20], full_of)
                 fulls[row[0]] = prompt + row[21]
-                out.append(_record_from_row(row, prompt, load_blob))
+                out.append(record_from_row(row, prompt, load_blob))
             return out
 
     def stats(self, session_id: str) -> StoreStats:
@@ -595,8 +396,8 @@ class SqliteStore:
                 (session_id,),
             ).fetchone()[0]
         naive = sum(
-            len(_dumps(r.original_request))
-            + len(_dumps(r.engine_request))
+            len(dumps(r.original_request))
+            + len(dumps(r.engine_request))
             + 4 * (len(r.prompt_ids) + len(r.output_ids))
             + 8 * len(r.output_logprobs)
             for r in records
@@ -608,79 +409,13 @@ class SqliteStore:
         )
 
 
-def _settle(future: asyncio.Future[None], outcome: BaseException | None) -> None:
-    if future.done():
-        return
-    if outcome is None:
-        future.set_result(None)
-    else:
-        future.set_exception(StoreError(f"record store write failed: {outcome}"))
+def _retrieve(future: asyncio.Future[None]) -> None:
+    """Mark a write's exception as seen (its caller may have stopped waiting)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _prompt(base: int | None, shared: int, tail: bytes, full_of: Callable[[int], bytes]) -> bytes:
     if base is None:
         return bytes(tail)
     return full_of(base)[: shared * 4] + tail
-
-
-def _dumps(value: Any) -> bytes:
-    return orjson.dumps(value)
-
-
-def _timings_json(t: Timings) -> dict[str, float | None]:
-    return {
-        "arrived": t.arrived,
-        "engine_started": t.engine_started,
-        "first_token": t.first_token,
-        "finished": t.finished,
-    }
-
-
-def _error_json(e: CallError) -> dict[str, Any]:
-    return {"kind": e.kind.value, "message": e.message, "status": e.status}
-
-
-def _record_from_row(
-    row: tuple[Any, ...], prompt: bytes, load_blob: Callable[[bytes], bytes]
-) -> CompletionRecord:
-    timings = orjson.loads(row[13])
-    error = orjson.loads(row[12]) if row[12] else None
-    prompt_ids = unpack_ids(prompt)
-    return CompletionRecord(
-        session_id=row[1],
-        seq=row[2],
-        attempt=row[3],
-        status=RecordStatus(row[4]),
-        dialect=Dialect(row[5]),
-        capture=CaptureMode(row[6]),
-        engine=row[7],
-        model=row[8],
-        policy_version=row[9],
-        stream=bool(row[10]),
-        finish_reason=FinishReason(row[11]) if row[11] else None,
-        error=(
-            CallError(
-                kind=ErrorKind(error["kind"]), message=error["message"], status=error["status"]
-            )
-            if error
-            else None
-        ),
-        timings=Timings(**timings),
-        usage=usage_from_json(orjson.loads(row[14])) if row[14] else None,
-        message=message_from_json(orjson.loads(row[15])) if row[15] else None,
-        original_request=join_body(row[16], load_blob),
-        engine_request=join_body(row[17], load_blob, prompt_ids),
-        prompt_ids=prompt_ids,
-        output_ids=unpack_ids(row[21]),
-        output_logprobs=unpack_floats(row[22]),
-        lineage=lineage_from_json(orjson.loads(row[23])) if row[23] else None,
-        malformed_tool_calls=tuple(
-            MalformedToolCall(raw=m["raw"], reason=m["reason"])
-            for m in (orjson.loads(row[24]) if row[24] else ())
-        ),
-        edits=tuple(
-            RequestEdit(kind=EditKind(e["kind"]), detail=e["detail"])
-            for e in (orjson.loads(row[25]) if row[25] else ())
-        ),
-        delivery_flags=delivery_flags_from_json(orjson.loads(row[26]) if row[26] else ()),
-    )

@@ -22,8 +22,8 @@ from polar.proxy.dialects.anthropic_messages.translate import (
 )
 from polar.proxy.errors import ProxyError
 from polar.proxy.gateway import Gateway
-from polar.proxy.inbound import api_key_of, json_object, validate
-from polar.proxy.serving import serve
+from polar.proxy.inbound import api_key_of, check_counts, json_object, validate
+from polar.proxy.serving import internal, serve
 
 
 def _message_id() -> str:
@@ -32,6 +32,7 @@ def _message_id() -> str:
 
 class AnthropicCodec:
     dialect = Dialect.ANTHROPIC_MESSAGES
+    messages_field = "messages"
 
     def parse(self, body: dict[str, Any], gateway: Gateway) -> ChatRequest:
         wire = validate(MessagesRequest, body)
@@ -68,7 +69,9 @@ def hot_routes(gateway: Gateway) -> dict[tuple[str, str], ASGIApp]:
             raw = await read_body(
                 receive, gateway.config.limits.max_body_bytes, headers.get("content-length")
             )
-            wire = validate(CountTokensRequest, json_object(raw))
+            body = json_object(raw, gateway.body_limits)
+            check_counts(body, gateway.body_limits, messages_field=codec.messages_field)
+            wire = validate(CountTokensRequest, body)
             request = request_to_ir(
                 MessagesRequest.model_validate(
                     {**wire.model_dump(exclude_unset=True), "max_tokens": 1}
@@ -77,6 +80,9 @@ def hot_routes(gateway: Gateway) -> dict[tuple[str, str], ASGIApp]:
             count = await gateway.capture.count_tokens(request)
         except ProxyError as error:
             await send_body(send, error.status, codec.error_body(error))
+            return
+        except Exception as error:
+            await send_body(send, 500, codec.error_body(internal(codec, error)))
             return
         await send_body(send, 200, orjson.dumps({"input_tokens": count}))
 

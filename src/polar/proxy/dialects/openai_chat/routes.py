@@ -25,6 +25,7 @@ from polar.proxy.serving import serve
 
 class OpenAIChatCodec:
     dialect = Dialect.OPENAI_CHAT
+    messages_field = "messages"
 
     def __init__(self, reasoning_field: str) -> None:
         self._reasoning_field = None if reasoning_field == "none" else reasoning_field

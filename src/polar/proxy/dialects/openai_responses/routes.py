@@ -27,6 +27,7 @@ from polar.proxy.serving import serve
 
 class ResponsesCodec:
     dialect = Dialect.OPENAI_RESPONSES
+    messages_field = "input"
 
     def parse(self, body: dict[str, Any], gateway: Gateway) -> ChatRequest:
         wire = validate(ResponsesRequest, body)

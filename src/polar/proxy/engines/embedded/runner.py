@@ -1,10 +1,20 @@
 """A batched CPU generator for Hugging Face causal LMs (``transformers`` + torch).
 
 One worker thread owns the model. Requests that wait while a batch runs form
-the next batch (up to ``max_batch``): prompts are left-padded, prefilled
-together with one KV cache, then decoded step by step; each finished or
-cancelled sequence stops reporting while the rest continue. Torch releases the
-GIL in its kernels, so the server's event loop keeps serving meanwhile.
+the next batch (up to ``max_batch``, and as many as fit the memory budget):
+prompts are left-padded, prefilled together with one KV cache, then decoded
+step by step; each finished or cancelled sequence stops reporting while the
+rest continue. Torch releases the GIL in its kernels, so the server's event
+loop keeps serving meanwhile.
+
+Memory stays bounded on long prompts (an agent CLI's first prompt is 8k-19k
+tokens): the prefill runs in chunks of ``prefill_chunk`` positions, and only
+the last position's logits are computed (``logits_to_keep=1``), never the
+whole prompt's (a 19k-token prompt would take 11 GB of logits alone).
+:meth:`ModelRunner.memory_needed` estimates what a request takes (KV cache,
+one chunk's attention scores and mask); the server refuses a request above
+``max_memory_bytes`` with a clear error instead of letting the kernel kill
+the process.
 
 Logprobs are those of the model's distribution before sampling transforms
 (temperature, top-k/p), as vLLM reports them by default
@@ -105,7 +115,11 @@ class ModelRunner:
         max_batch: int = 8,
         threads: int | None = None,
         logprobs_mode: Literal["raw", "processed"] = "raw",
+        prefill_chunk: int = 1024,
+        max_memory_bytes: int = 4 << 30,
     ) -> None:
+        if prefill_chunk < 1:
+            raise ValueError("prefill_chunk must be at least 1")
         from transformers import AutoModelForCausalLM
 
         if threads:
@@ -123,6 +137,14 @@ class ModelRunner:
         self.pad_id = int(config.pad_token_id if config.pad_token_id is not None else 0)
         self.max_batch = max_batch
         self.logprobs_mode = logprobs_mode
+        self.prefill_chunk = prefill_chunk
+        self.max_memory_bytes = max_memory_bytes
+        heads = int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        # float32 keys and values, every layer: bytes per cached position
+        self._kv_bytes = 2 * int(config.num_hidden_layers) * kv_heads * head_dim * 4
+        self._heads = heads
         self.weights_version = 0
         self.weights_source = str(model_dir)
         self._waiting: deque[Job] = deque()
@@ -133,6 +155,19 @@ class ModelRunner:
         self._thread.start()
 
     # ---------------------------------------------------------------- API
+
+    def memory_needed(self, prompt_tokens: int, max_tokens: int, rows: int = 1) -> int:
+        """Bytes a batch of ``rows`` sequences this long takes at its peak, about:
+        the KV cache for prompt + output, and during prefill one chunk's
+        attention scores (every head) and mask against the whole prompt."""
+        length = prompt_tokens + max_tokens
+        chunk = min(self.prefill_chunk, prompt_tokens)
+        scores = chunk * prompt_tokens * (self._heads + 1) * 4
+        logits = 3 * self.vocab_size * 4  # the kept row, its softmax, the sampling copy
+        return rows * (length * self._kv_bytes + scores + logits)
+
+    def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
+        return self.memory_needed(prompt_tokens, max_tokens) <= self.max_memory_bytes
 
     def submit(self, job: Job) -> None:
         self.submit_many([job])
@@ -191,9 +226,7 @@ class ModelRunner:
                     for job in self._waiting:
                         job.emit(Step(None, None, finish="abort", error="engine shutting down"))
                     return
-                batch = [
-                    self._waiting.popleft() for _ in range(min(self.max_batch, len(self._waiting)))
-                ]
+                batch = self._next_batch()
             try:
                 with self._weights_lock, torch.inference_mode():
                     self._run(batch)
@@ -205,6 +238,20 @@ class ModelRunner:
                             Step(None, None, finish="abort", error=f"{type(exc).__name__}: {exc}")
                         )
 
+    def _next_batch(self) -> list[Job]:
+        """The longest run of waiting jobs that fits ``max_batch`` and the memory
+        budget (padded to the longest prompt); always at least one."""
+        batch = [self._waiting.popleft()]
+        width, longest = len(batch[0].prompt), batch[0].params.max_tokens
+        while self._waiting and len(batch) < self.max_batch:
+            head = self._waiting[0]
+            wider, longer = max(width, len(head.prompt)), max(longest, head.params.max_tokens)
+            if self.memory_needed(wider, longer, len(batch) + 1) > self.max_memory_bytes:
+                break
+            batch.append(self._waiting.popleft())
+            width, longest = wider, longer
+        return batch
+
     def _run(self, batch: list[Job]) -> None:
         width = max(len(job.prompt) for job in batch)
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
@@ -213,8 +260,18 @@ class ModelRunner:
             ids[row, width - len(job.prompt) :] = torch.tensor(job.prompt, dtype=torch.long)
             mask[row, width - len(job.prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        cache = out.past_key_values
+        cache = None
+        for start in range(0, width, self.prefill_chunk):
+            end = min(start + self.prefill_chunk, width)
+            out = self.model(
+                input_ids=ids[:, start:end],
+                attention_mask=mask[:, :end],
+                position_ids=positions[:, start:end],
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache = out.past_key_values
         logits = out.logits[:, -1, :]
         last = positions[:, -1]
         while True:
@@ -248,6 +305,7 @@ class ModelRunner:
                 position_ids=last.unsqueeze(1),
                 past_key_values=cache,
                 use_cache=True,
+                logits_to_keep=1,
             )
             cache = out.past_key_values
             logits = out.logits[:, -1, :]
@@ -260,4 +318,6 @@ def describe(runner: ModelRunner) -> dict[str, Any]:
         "weights_source": runner.weights_source,
         "max_batch": runner.max_batch,
         "max_model_len": runner.max_model_len,
+        "prefill_chunk": runner.prefill_chunk,
+        "max_memory_bytes": runner.max_memory_bytes,
     }

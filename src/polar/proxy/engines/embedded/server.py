@@ -132,6 +132,15 @@ def create_engine_app(runner: ModelRunner, *, served_name: str) -> Starlette:
                 f"({len(req.prompt)} in the prompt, {req.max_tokens} for the completion).",
                 param="max_tokens",
             )
+        if not runner.fits(len(req.prompt), req.max_tokens):
+            need = runner.memory_needed(len(req.prompt), req.max_tokens)
+            return _error(
+                f"This request needs about {need / 2**20:,.0f} MiB of engine memory "
+                f"({len(req.prompt)} prompt tokens, {req.max_tokens} to generate), more than "
+                f"the embedded engine's limit of {runner.max_memory_bytes / 2**20:,.0f} MiB "
+                "(polar engine serve --max-memory-gib). Ask for fewer tokens or raise the limit.",
+                param="max_tokens",
+            )
         params = SamplingParams(
             max_tokens=req.max_tokens,
             temperature=req.temperature,

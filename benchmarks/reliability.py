@@ -1,0 +1,735 @@
+"""Record store durability and cost: kill -9 rounds, and the price of dispatch-time rows.
+
+    .venv/bin/python benchmarks/reliability.py store [--calls 2000] [--concurrency 1,32,256]
+    .venv/bin/python benchmarks/reliability.py crash [--rounds 5] [--sessions 32] [--seed 1]
+    .venv/bin/python benchmarks/reliability.py faults [--calls 1200] [--rate 0.1] [--seed 1]
+    .venv/bin/python benchmarks/reliability.py kill-gateway [--rounds 5] [--sessions 32] [--seed 1]
+    .venv/bin/python benchmarks/reliability.py big-prompts [--mb 4] [--count 3]
+    .venv/bin/python benchmarks/reliability.py weight-sync [--calls 2000] [--sessions 32]
+    .venv/bin/python benchmarks/reliability.py fuzz [--per-case 10000] [--seed 1]
+
+``store``: the same calls written two ways, side by side in one run: one
+``append`` per call (the old way: a call left no trace until it finished)
+against ``begin`` before the engine + ``finish`` after (every call that reached
+the engine is on disk). Reports wall time per call and the ratio, per number of
+concurrent callers (group commit shares a transaction between them).
+
+``crash``: a child process runs ``--sessions`` concurrent sessions against a
+store, each call written at dispatch and finished a few ms later, printing
+every acknowledged dispatch and finish; the parent ``kill -9``s it at a random
+moment (seeded) and reopens the store. Each round checks: every acknowledged
+finish is ``completed``; every acknowledged dispatch is in the store
+(``completed`` or ``interrupted``); no other status; ``PRAGMA integrity_check``
+is ok.
+
+``kill-gateway``: the same, end to end: a ``polar gateway`` process (its
+own CLI) in front of an engine in this process that streams like vLLM and
+notes the ``x-request-id`` of every request that reaches it; ``--sessions``
+clients stream calls in all three dialects; the gateway is ``kill -9``ed at
+a random moment, restarted on the same store (which marks calls left in
+flight ``interrupted``), and the store is checked: every call the engine saw
+has its record (completed, failed or interrupted), every call a client saw
+finish is completed, integrity ok.
+
+``weight-sync``: a real gateway under ``--sessions`` streaming and
+non-streaming clients is paused and resumed ``--syncs`` times, each time
+with a new policy version, as a trainer loading new weights does; the engine
+names the version of its weights at the start of each reply. Checks: no call
+fails or is aborted, and every record is stamped with the version that
+served it.
+
+``fuzz``: a ``polar gateway`` process (each capture mode in turn) before
+a scripted engine process; ``--per-case`` mutants of the golden requests the
+real CLIs sent (``tests/fixtures/harness``) per dialect, with keys dropped,
+values of the wrong type, nesting up to 1,000 deep, strings up to 1 MB, bodies
+cut short or not UTF-8. Reports statuses, 5xx, dropped connections, the
+slowest reply, and the gateway's RSS before and after.
+
+``big-prompts``: token-in/token-out mode, where the gateway renders and
+tokenizes prompts itself. A small streamed call is repeated on one session
+while ``--count`` calls with a ``--mb`` MB user message arrive at once on
+others; the small calls' latency is reported side by side with the same calls
+with nothing big in flight, and the process's peak RSS. Rendering runs on
+offload workers, so the event loop keeps serving the small calls.
+
+``faults``: a real gateway (engine-rendered, vLLM wire) in front of an engine
+that answers like vLLM but fails ``--rate`` of its replies (seeded): HTTP 500,
+503, a connection reset, a stall past the gateway's timeouts, a stream or body
+cut short, a reply of the wrong shape, a negative token id. ``--calls`` calls
+across the three dialects, streamed and not, from 16 concurrent sessions. It
+checks that every call ends with 200 or a 5xx in its dialect's error shape (a
+streamed call that had begun: an error event in the stream), that every call
+has a record, and that no call the client saw fail has a completed record
+(so none of its tokens can reach a trainer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+from polar.ir import CaptureMode, CompletionRecord, Dialect, FinishReason, RecordStatus, Timings
+from polar.proxy.store import SessionRow, SqliteStore
+from reliability_parts import (
+    DIALECTS,
+    FaultyVllm,
+    call_once,
+    free_port,
+    mutant,
+    rss_mb,
+    rss_of,
+    start_gateway,
+    wait_for,
+)
+
+
+def record(session: str, seq: int, status: RecordStatus) -> CompletionRecord:
+    done = status is not RecordStatus.IN_FLIGHT
+    # A coding agent's call: ~1-2k prompt tokens, 50 sampled (bounded, so a long
+    # run measures the writes, not ever-growing rows).
+    prompt = tuple(range(1000, 1000 + 1000 + (seq % 20) * 50))
+    return CompletionRecord(
+        session_id=session,
+        seq=seq,
+        attempt=1,
+        status=status,
+        dialect=Dialect.OPENAI_CHAT,
+        capture=CaptureMode.TOKEN_IN_TOKEN_OUT,
+        engine="vllm",
+        model="m",
+        policy_version=1,
+        stream=True,
+        original_request={
+            "messages": [
+                {"role": "user", "content": f"turn {i} of {session}"} for i in range(seq % 20)
+            ]
+        },
+        engine_request={"prompt": list(prompt)},
+        timings=Timings(arrived=1.0, engine_started=1.0),
+        prompt_ids=prompt,
+        output_ids=tuple(range(50)) if done else (),
+        output_logprobs=tuple(-0.1 for _ in range(50)) if done else (),
+        finish_reason=FinishReason.STOP if done else None,
+    )
+
+
+def session_row(sid: str) -> SessionRow:
+    return SessionRow(
+        id=sid, key_hash=f"hash-{sid}", created_at=0.0, closed_at=None, metadata={}, last_seq=0
+    )
+
+
+# ---------------------------------------------------------------- store cost
+
+
+async def _write_calls(store: SqliteStore, calls: int, concurrency: int, dispatch: bool) -> float:
+    sessions = [f"s{i}" for i in range(concurrency)]
+    for sid in sessions:
+        await store.insert_session(session_row(sid))
+
+    async def session(sid: str, count: int) -> None:
+        for seq in range(1, count + 1):
+            if dispatch:
+                await store.begin(record(sid, seq, RecordStatus.IN_FLIGHT))
+                await store.finish(record(sid, seq, RecordStatus.COMPLETED))
+            else:
+                await store.append(record(sid, seq, RecordStatus.COMPLETED))
+
+    per = max(1, calls // concurrency)
+    started = time.perf_counter()
+    await asyncio.gather(*(session(sid, per) for sid in sessions))
+    return (time.perf_counter() - started) / (per * concurrency)
+
+
+def store_cost(calls: int, levels: list[int]) -> None:
+    print(f"{'concurrent':>10} {'append ms/call':>15} {'begin+finish ms/call':>21} {'ratio':>6}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for concurrency in levels:
+            results = {}
+            for dispatch in (False, True):
+                store = SqliteStore(Path(tmp) / f"{concurrency}-{dispatch}.db")
+                store.open()
+                results[dispatch] = asyncio.run(_write_calls(store, calls, concurrency, dispatch))
+                store.close()
+            print(
+                f"{concurrency:>10} {results[False] * 1e3:>15.3f} {results[True] * 1e3:>21.3f} "
+                f"{results[True] / results[False]:>6.2f}"
+            )
+
+
+# ---------------------------------------------------------------- crash rounds
+
+
+async def _child(path: Path, sessions: int, seed: int) -> None:
+    rng = random.Random(seed)
+    store = SqliteStore(path)
+    store.open()
+
+    async def session(sid: str) -> None:
+        await store.insert_session(session_row(sid))
+        seq = 0
+        while True:
+            seq += 1
+            await store.begin(record(sid, seq, RecordStatus.IN_FLIGHT))
+            print(f"begun {sid} {seq}", flush=True)
+            await asyncio.sleep(rng.uniform(0.001, 0.02))  # the engine call
+            await store.finish(record(sid, seq, RecordStatus.COMPLETED))
+            print(f"done {sid} {seq}", flush=True)
+
+    print("ready", flush=True)
+    await asyncio.gather(*(session(f"r{seed}-s{i}") for i in range(sessions)))
+
+
+def crash_rounds(rounds: int, sessions: int, seed: int) -> None:
+    rng = random.Random(seed)
+    print(f"seed {seed}, {sessions} concurrent sessions, kill -9 at a random moment")
+    print(f"{'round':>5} {'begun':>6} {'acked':>6} {'found':>6} {'interrupted':>11} {'ok':>4}")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "records.db"
+        all_ok = True
+        for round_ in range(1, rounds + 1):
+            child = subprocess.Popen(
+                [sys.executable, __file__, "_child", str(path), str(sessions), str(seed + round_)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "ready"
+            deadline = time.monotonic() + rng.uniform(0.3, 1.5)
+            begun: set[tuple[str, int]] = set()
+            acked: set[tuple[str, int]] = set()
+            while time.monotonic() < deadline:
+                kind, sid, seq = child.stdout.readline().split()
+                (begun if kind == "begun" else acked).add((sid, int(seq)))
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait()
+            child.stdout.close()
+            store = SqliteStore(path)
+            store.open()  # marks what was in flight interrupted
+            interrupted = store.state().interrupted_at_open
+            store.close()
+            reader = SqliteStore(path)
+            found: dict[tuple[str, int], RecordStatus] = {}
+            for i in range(sessions):
+                sid = f"r{seed + round_}-s{i}"
+                for r in reader.records(sid):
+                    found[(sid, r.seq)] = r.status
+            with sqlite3.connect(path) as conn:
+                integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+            ok = (
+                all(found.get(k) is RecordStatus.COMPLETED for k in acked)
+                and all(k in found for k in begun)
+                and set(found.values()) <= {RecordStatus.COMPLETED, RecordStatus.INTERRUPTED}
+                and integrity == "ok"
+            )
+            all_ok &= ok
+            print(
+                f"{round_:>5} {len(begun):>6} {len(acked):>6} {len(found):>6} "
+                f"{interrupted:>11} {'yes' if ok else 'NO':>4}"
+            )
+        print("all rounds ok" if all_ok else "SOME ROUND FAILED")
+        if not all_ok:
+            raise SystemExit(1)
+
+
+def engine_faults(calls: int, rate: float, seed: int) -> None:
+    from polar.proxy.app import create_app
+    from polar.proxy.config import GatewayConfig
+    from polar.proxy.gateway import Gateway
+    from polar.serverthread import ServerThread
+
+    engine = FaultyVllm(rate, seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = GatewayConfig.model_validate(
+            {
+                "admin_token": "bench-admin-token-0123456789",
+                "engine": {
+                    "kind": "vllm",
+                    "base_url": engine.url,
+                    "model": "m",
+                    "read_timeout_s": 0.5,
+                    "idle_timeout_s": 0.5,
+                    "retry_backoff_s": 0.01,
+                },
+                "store": {"path": f"{tmp}/records.db"},
+            }
+        )
+        gateway = Gateway(config)
+        server = ServerThread(create_app(gateway)).start()
+        admin = httpx.Client(
+            base_url=server.url, headers={"authorization": f"Bearer {config.admin_token}"}
+        )
+        sessions = [admin.post("/admin/sessions", json={}).json() for _ in range(16)]
+        outcomes: dict[str, int] = {}
+        per_call: dict[tuple[str, int], str] = {}
+        lock = threading.Lock()
+        failures: list[str] = []
+
+        def run(index: int) -> None:
+            sid, key = sessions[index]["session_id"], sessions[index]["api_key"]
+            headers = {"authorization": f"Bearer {key}", "x-api-key": key}
+            with httpx.Client(base_url=server.url, headers=headers, timeout=30) as client:
+                for seq in range(1, calls // len(sessions) + 1):
+                    dialect = list(DIALECTS)[(index + seq) % 3]
+                    try:
+                        outcome = call_once(client, dialect, stream=seq % 2 == 0)
+                    except Exception as exc:
+                        with lock:
+                            failures.append(f"{sid}/{seq}: {exc}")
+                        outcome = "broken"
+                    with lock:
+                        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+                        per_call[(sid, seq)] = outcome
+
+        started = time.monotonic()
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(sessions))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - started
+        server.stop()
+        engine.stop()
+        reader = SqliteStore(config.store.path)
+        unrecorded = trainable_failures = 0
+        statuses: dict[str, int] = {}
+        for s in sessions:
+            records = reader.records(s["session_id"])
+            for r in records:
+                statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
+            by_seq: dict[int, list[CompletionRecord]] = {}
+            for r in records:
+                by_seq.setdefault(r.seq, []).append(r)
+            for (sid, seq), outcome in per_call.items():
+                if sid != s["session_id"]:
+                    continue
+                got = by_seq.get(seq, [])
+                if not got:
+                    unrecorded += 1
+                completed = any(r.status is RecordStatus.COMPLETED for r in got)
+                if outcome != "ok" and completed:
+                    trainable_failures += 1
+        total = sum(outcomes.values())
+        print(f"seed {seed}, fault rate {rate:g}, {total} calls in {elapsed:.1f} s")
+        print(f"faults injected: {dict(sorted(engine.injected.items()))}")
+        print(f"client outcomes: {dict(sorted(outcomes.items()))}")
+        print(f"records by status: {dict(sorted(statuses.items()))}")
+        print(f"calls without a record: {unrecorded}")
+        print(f"failed calls with a completed record: {trainable_failures}")
+        for line in failures[:10]:
+            print("BROKEN", line)
+        if failures or unrecorded or trainable_failures:
+            raise SystemExit(1)
+
+
+# ---------------------------------------------------------------- weight sync
+
+
+def weight_sync(calls: int, sessions: int, syncs: int) -> None:
+    from polar.proxy.app import create_app
+    from polar.proxy.config import GatewayConfig
+    from polar.proxy.gateway import Gateway
+    from polar.serverthread import ServerThread
+
+    engine = FaultyVllm(0.0, 0, token_delay_s=0.005)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = GatewayConfig.model_validate(
+            {
+                "admin_token": "bench-admin-token-0123456789",
+                "engine": {"kind": "vllm", "base_url": engine.url, "model": "m"},
+                "store": {"path": f"{tmp}/records.db"},
+            }
+        )
+        server = ServerThread(create_app(Gateway(config))).start()
+        admin = httpx.Client(
+            base_url=server.url,
+            headers={"authorization": f"Bearer {config.admin_token}"},
+            timeout=120,
+        )
+        made = [admin.post("/admin/sessions", json={}).json() for _ in range(sessions)]
+        outcomes: dict[str, int] = {}
+        lock = threading.Lock()
+        running = threading.Event()
+        running.set()
+
+        def client(index: int) -> None:
+            key = made[index]["api_key"]
+            headers = {"authorization": f"Bearer {key}", "x-api-key": key}
+            with httpx.Client(base_url=server.url, headers=headers, timeout=120) as http:
+                for n in range(calls // sessions):
+                    try:
+                        outcome = call_once(
+                            http, list(DIALECTS)[(index + n) % 3], stream=n % 2 == 0
+                        )
+                    except Exception as exc:
+                        outcome = f"broken: {type(exc).__name__}"
+                    with lock:
+                        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(sessions)]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        pauses: list[float] = []
+        for _ in range(syncs):
+            time.sleep(0.1)
+            t0 = time.monotonic()
+            paused = admin.post("/admin/pause", json={})
+            pauses.append(time.monotonic() - t0)
+            if paused.status_code != 200:
+                raise SystemExit(f"pause failed: {paused.status_code} {paused.text}")
+            engine.version += 1  # new weights load while nothing is in flight
+            admin.post("/admin/resume", json={"policy_version": engine.version}).raise_for_status()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - started
+        server.stop()
+        engine.stop()
+        reader = SqliteStore(config.store.path)
+        statuses: dict[str, int] = {}
+        mismatched = 0
+        versions: set[int] = set()
+        for m in made:
+            for r in reader.records(m["session_id"]):
+                statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
+                text = r.message.text if r.message is not None else ""
+                served_by = int(text.split()[0][1:]) if text.startswith("v") else -1
+                versions.add(r.policy_version)
+                mismatched += served_by != r.policy_version
+    total = sum(outcomes.values())
+    print(f"{total} calls from {sessions} sessions in {elapsed:.1f} s, {syncs} pause/resume cycles")
+    print(f"client outcomes: {dict(sorted(outcomes.items()))}")
+    print(f"records by status: {dict(sorted(statuses.items()))}")
+    print(f"versions stamped: {len(versions)} distinct, {min(versions)}..{max(versions)}")
+    print(f"records stamped with a version other than the one that served them: {mismatched}")
+    print(f"pause (drain) time: p50 {sorted(pauses)[len(pauses) // 2] * 1e3:.0f} ms, "
+          f"max {max(pauses) * 1e3:.0f} ms")  # fmt: skip
+    if mismatched or outcomes.get("ok", 0) != total or set(statuses) != {"completed"}:
+        raise SystemExit(1)
+
+
+def fuzz(per_case: int, seed: int) -> None:
+    fixtures = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "harness"
+    bases: dict[Dialect, list[dict[str, object]]] = {d: [] for d in DIALECTS}
+    for path in sorted(fixtures.glob("*/*.json")):
+        fixture = orjson.loads(path.read_bytes())
+        bases[Dialect(fixture["dialect"])].append(fixture["body"])
+    token = "bench-admin-token-0123456789"
+    print(f"seed {seed}, {per_case} mutants per dialect and capture mode")
+    print(f"{'mode':>19} {'dialect':>19} {'2xx':>6} {'4xx':>6} {'5xx':>4} {'dropped':>7} "
+          f"{'slowest s':>9} {'RSS MB':>13}")  # fmt: skip
+    bad = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "script.json"
+        script.write_bytes(orjson.dumps({"turns": [{"text": "ok"}], "cycle": True}))
+        engine_port = free_port()
+        engine = subprocess.Popen(
+            [sys.executable, "-m", "polar", "engine", "scripted", "--script", str(script),
+             "--port", str(engine_port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_for(f"http://127.0.0.1:{engine_port}/v1/models")
+        for mode in ("engine_rendered", "token_in_token_out"):
+            port = free_port()
+            command = [
+                sys.executable, "-m", "polar", "gateway", "--port", str(port),
+                "--admin-token", token, "--engine-url", f"http://127.0.0.1:{engine_port}",
+                "--engine-model", "scripted", "--store", f"{tmp}/{mode}.db", "--capture", mode,
+            ]  # fmt: skip
+            gateway = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            url = f"http://127.0.0.1:{port}"
+            wait_for(f"{url}/health")
+            admin = httpx.Client(base_url=url, headers={"authorization": f"Bearer {token}"})
+            key = admin.post("/admin/sessions", json={}).json()["api_key"]
+            headers = {
+                "authorization": f"Bearer {key}",
+                "x-api-key": key,
+                "anthropic-version": "2023-06-01",
+                "content-type": "application/json",
+            }
+            for dialect, (path, _) in DIALECTS.items():
+                rng = random.Random(f"{seed}/{mode}/{dialect.value}")
+                counts = {"2xx": 0, "4xx": 0, "5xx": 0, "dropped": 0}
+                samples: list[str] = []
+                slowest = 0.0
+                rss_start = rss_of(gateway.pid)
+                with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
+                    for _ in range(per_case):
+                        raw = mutant(rng.choice(bases[dialect]), rng)
+                        t0 = time.monotonic()
+                        try:
+                            reply = http.post(path, content=raw)
+                            status = reply.status_code
+                            if status >= 500:
+                                samples.append(f"{status} {reply.text[:300]!r} <- {raw[:200]!r}")
+                        except httpx.HTTPError:
+                            counts["dropped"] += 1
+                            continue
+                        slowest = max(slowest, time.monotonic() - t0)
+                        counts[f"{status // 100}xx"] = counts.get(f"{status // 100}xx", 0) + 1
+                rss = f"{rss_start:.0f}->{rss_of(gateway.pid):.0f}"
+                bad += counts["5xx"] + counts["dropped"]
+                c = counts
+                print(
+                    f"{mode:>19} {dialect.value:>19} {c['2xx']:>6} {c['4xx']:>6} {c['5xx']:>4} "
+                    f"{c['dropped']:>7} {slowest:>9.2f} {rss:>13}"
+                )
+                for sample in samples[:3]:
+                    print("   5xx:", sample)
+            gateway.terminate()
+            gateway.wait()
+        engine.terminate()
+        engine.wait()
+    if bad:
+        raise SystemExit(1)
+
+
+def kill_gateway(rounds: int, sessions: int, seed: int) -> None:
+    rng = random.Random(seed)
+    engine = FaultyVllm(0.0, seed, token_delay_s=0.01)
+    token = "bench-admin-token-0123456789"
+    print(f"seed {seed}, {sessions} concurrent streaming sessions, kill -9 of the gateway")
+    print(
+        f"{'round':>5} {'engine saw':>10} {'recorded':>8} {'acked':>6} {'completed':>9} "
+        f"{'interrupted':>11} {'ok':>4}"
+    )
+    all_ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp) / "records.db"
+        for round_ in range(1, rounds + 1):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            proc = start_gateway(port, engine.url, store, token)
+            admin = httpx.Client(base_url=url, headers={"authorization": f"Bearer {token}"})
+            made = [admin.post("/admin/sessions", json={}).json() for _ in range(sessions)]
+            admin.close()
+            acked: dict[str, int] = {}
+            stop = threading.Event()
+
+            def client(
+                index: int,
+                made: list[dict[str, str]] = made,
+                url: str = url,
+                stop: threading.Event = stop,
+                acked: dict[str, int] = acked,
+            ) -> None:
+                sid, key = made[index]["session_id"], made[index]["api_key"]
+                headers = {"authorization": f"Bearer {key}", "x-api-key": key}
+                with httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+                    n = 0
+                    while not stop.is_set():
+                        n += 1
+                        try:
+                            outcome = call_once(http, list(DIALECTS)[(index + n) % 3], stream=True)
+                        except (httpx.HTTPError, AssertionError, ValueError):
+                            return  # the gateway died under it
+                        if outcome == "ok":
+                            acked[sid] = acked.get(sid, 0) + 1
+
+            with engine.lock:
+                engine.seen.clear()
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(sessions)]
+            for t in threads:
+                t.start()
+            time.sleep(rng.uniform(0.5, 2.0))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            stop.set()
+            for t in threads:
+                t.join()
+            # Restart on the same store: calls left in flight become interrupted.
+            proc = start_gateway(port, engine.url, store, token)
+            health = httpx.get(f"{url}/health").json()
+            proc.terminate()
+            proc.wait()
+            reader = SqliteStore(store)
+            keys: dict[str, RecordStatus] = {}
+            completed_per: dict[str, int] = {}
+            for m in made:
+                for r in reader.records(m["session_id"]):
+                    keys[f"{r.session_id}/{r.seq}.{r.attempt}"] = r.status
+                    if r.status is RecordStatus.COMPLETED:
+                        completed_per[r.session_id] = completed_per.get(r.session_id, 0) + 1
+            with engine.lock:
+                seen = set(engine.seen)
+            with sqlite3.connect(store) as conn:
+                integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+            statuses = set(keys.values())
+            ok = (
+                seen <= set(keys)
+                and all(completed_per.get(sid, 0) >= n for sid, n in acked.items())
+                and RecordStatus.IN_FLIGHT not in statuses
+                and integrity == "ok"
+            )
+            all_ok &= ok
+            interrupted = sum(1 for v in keys.values() if v is RecordStatus.INTERRUPTED)
+            print(
+                f"{round_:>5} {len(seen):>10} {len(keys):>8} {sum(acked.values()):>6} "
+                f"{sum(completed_per.values()):>9} {interrupted:>11} {'yes' if ok else 'NO':>4}"
+                f"  (health after restart: interrupted_at_start="
+                f"{health['store']['interrupted_at_start']})"
+            )
+    engine.stop()
+    print("all rounds ok" if all_ok else "SOME ROUND FAILED")
+    if not all_ok:
+        raise SystemExit(1)
+
+
+def big_prompts(mb: float, count: int) -> None:
+    import resource
+
+    from polar.proxy.app import create_app
+    from polar.proxy.config import GatewayConfig
+    from polar.proxy.gateway import Gateway
+    from polar.serverthread import ServerThread
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # The engine is its own process (as vLLM is), so only the gateway is measured.
+        script = Path(tmp) / "script.json"
+        script.write_bytes(orjson.dumps({"turns": [{"text": "ok"}], "cycle": True}))
+        port = free_port()
+        engine = subprocess.Popen(
+            [sys.executable, "-m", "polar", "engine", "scripted", "--script", str(script),
+             "--port", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_for(f"http://127.0.0.1:{port}/v1/models")
+        config = GatewayConfig.model_validate(
+            {
+                "admin_token": "bench-admin-token-0123456789",
+                "capture": "token_in_token_out",
+                "engine": {
+                    "kind": "vllm",
+                    "base_url": f"http://127.0.0.1:{port}",
+                    "model": "scripted",
+                },
+                "store": {"path": f"{tmp}/records.db"},
+            }
+        )
+        server = ServerThread(create_app(Gateway(config))).start()
+        admin = httpx.Client(
+            base_url=server.url, headers={"authorization": f"Bearer {config.admin_token}"}
+        )
+        keys = [admin.post("/admin/sessions", json={}).json()["api_key"] for _ in range(count + 1)]
+
+        def post(key: str, text: str, timeout: float = 300) -> float:
+            started = time.perf_counter()
+            with httpx.Client(base_url=server.url, timeout=timeout) as http:
+                reply = http.post(
+                    "/v1/chat/completions",
+                    headers={"authorization": f"Bearer {key}"},
+                    json={
+                        "model": "m",
+                        "stream": True,
+                        "messages": [{"role": "user", "content": text}],
+                    },
+                )
+            reply.raise_for_status()
+            return time.perf_counter() - started
+
+        def small_calls(until: threading.Event | None, n: int) -> list[float]:
+            out = []
+            while (until is not None and not until.is_set()) or (until is None and len(out) < n):
+                out.append(post(keys[0], "hi"))
+            return out
+
+        alone = small_calls(None, 30)
+        rss_before = rss_mb()
+        big_text = " ".join(["word"] * int(mb * (1 << 20) / 5))
+        done = threading.Event()
+        big_times: list[float] = []
+
+        def big(key: str) -> None:
+            big_times.append(post(key, big_text))
+
+        bigs = [threading.Thread(target=big, args=(k,)) for k in keys[1:]]
+        for t in bigs:
+            t.start()
+        waiter = threading.Thread(target=lambda: ([t.join() for t in bigs], done.set()))
+        waiter.start()
+        during = small_calls(done, 0)
+        waiter.join()
+        server.stop()
+        engine.terminate()
+        engine.wait()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1e3
+
+    print(f"{count} calls of {mb:g} MB at once, token-in/token-out, one small call repeated")
+    print(f"{'small calls':>22} {'n':>4} {'p50 ms':>8} {'p90 ms':>8} {'max ms':>8}")
+    for name, xs in (("alone", alone), ("during the big calls", during)):
+        p50, p90, top = pct(xs, 0.5), pct(xs, 0.9), max(xs) * 1e3
+        print(f"{name:>22} {len(xs):>4} {p50:>8.1f} {p90:>8.1f} {top:>8.1f}")
+    print(f"big calls: {', '.join(f'{t:.1f} s' for t in sorted(big_times))}")
+    print(f"RSS before the big calls {rss_before:.0f} MB, peak {peak:.0f} MB")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_child":
+        asyncio.run(_child(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_store = sub.add_parser("store", help="cost of dispatch-time rows")
+    p_store.add_argument("--calls", type=int, default=2000)
+    p_store.add_argument("--concurrency", default="1,32,256")
+    p_crash = sub.add_parser("crash", help="kill -9 rounds")
+    p_crash.add_argument("--rounds", type=int, default=5)
+    p_crash.add_argument("--sessions", type=int, default=32)
+    p_crash.add_argument("--seed", type=int, default=1)
+    p_faults = sub.add_parser("faults", help="engine faults behind a real gateway")
+    p_faults.add_argument("--calls", type=int, default=1200)
+    p_faults.add_argument("--rate", type=float, default=0.1)
+    p_faults.add_argument("--seed", type=int, default=1)
+    p_kill = sub.add_parser("kill-gateway", help="kill -9 rounds of a gateway process")
+    p_kill.add_argument("--rounds", type=int, default=5)
+    p_kill.add_argument("--sessions", type=int, default=32)
+    p_kill.add_argument("--seed", type=int, default=1)
+    p_big = sub.add_parser("big-prompts", help="small calls while big prompts render")
+    p_big.add_argument("--mb", type=float, default=4.0)
+    p_big.add_argument("--count", type=int, default=3)
+    p_sync = sub.add_parser("weight-sync", help="pause/resume under load")
+    p_sync.add_argument("--calls", type=int, default=2000)
+    p_sync.add_argument("--sessions", type=int, default=32)
+    p_sync.add_argument("--syncs", type=int, default=20)
+    p_fuzz = sub.add_parser("fuzz", help="mutated CLI requests against a gateway process")
+    p_fuzz.add_argument("--per-case", type=int, default=10000)
+    p_fuzz.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    if args.command == "fuzz":
+        fuzz(args.per_case, args.seed)
+    elif args.command == "weight-sync":
+        weight_sync(args.calls, args.sessions, args.syncs)
+    elif args.command == "big-prompts":
+        big_prompts(args.mb, args.count)
+    elif args.command == "kill-gateway":
+        kill_gateway(args.rounds, args.sessions, args.seed)
+    elif args.command == "store":
+        store_cost(args.calls, [int(c) for c in args.concurrency.split(",")])
+    elif args.command == "crash":
+        crash_rounds(args.rounds, args.sessions, args.seed)
+    else:
+        engine_faults(args.calls, args.rate, args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,491 @@
+"""The record store's writer: one thread, one connection, group commit.
+
+Every write is an operation put on a queue; the thread takes whatever is
+queued (up to 512 operations) and applies it in one transaction, so the cost
+of a commit is shared by every call that arrived meanwhile. When a batch fails
+its operations are retried one per transaction, so a bad operation fails alone.
+
+The thread never dies of an operation: any exception (a value SQLite cannot
+store, a body that cannot be serialised, a bug) becomes that operation's
+outcome and a one-line log naming it; an outcome that cannot be stored marks
+its row ``failed`` with the reason instead. Should the thread end anyway,
+everything still queued is failed at once and :meth:`Writer.state` says so.
+
+In-memory caches (known blobs, prompt bases, list memos) are updated only after
+a commit, so a rolled-back write never leaves a reference to rows that are not
+there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import sqlite3
+import threading
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any, assert_never
+
+from polar.ir import CallError, CompletionRecord, ErrorKind, RecordStatus
+from polar.proxy.logtext import describe
+from polar.proxy.store.packing import (
+    ListMemo,
+    common_prefix_tokens,
+    encode_blob,
+    pack_ids,
+    split_body,
+)
+from polar.proxy.store.rows import OUTCOME_COLUMNS, dumps, error_json, outcome_values
+
+_log = logging.getLogger(__name__)
+
+BATCH = 512
+
+
+class StoreError(Exception):
+    """The record store could not do what was asked (corrupt file, schema mismatch,
+    closed, not writing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    id: str
+    key_hash: str
+    created_at: float
+    closed_at: float | None
+    metadata: dict[str, Any]
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class InsertSession:
+    row: SessionRow
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSession:
+    session_id: str
+    closed_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRecord:
+    """A finished record in one go."""
+
+    record: CompletionRecord
+
+
+@dataclass(frozen=True, slots=True)
+class BeginRecord:
+    """The row of a call about to be sent to the engine (status ``in_flight``)."""
+
+    record: CompletionRecord
+
+
+@dataclass(frozen=True, slots=True)
+class FinishRecord:
+    """A dispatched call's outcome, written over its ``in_flight`` row."""
+
+    record: CompletionRecord
+
+
+@dataclass(frozen=True, slots=True)
+class SetMeta:
+    key: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkFailed:
+    """Last resort for an outcome that could not be stored."""
+
+    session_id: str
+    seq: int
+    attempt: int
+    message: str
+
+
+Op = InsertSession | CloseSession | AppendRecord | BeginRecord | FinishRecord | SetMeta | MarkFailed
+
+
+def label(op: Op) -> str:
+    """A short name for logs (never the op's data)."""
+    match op:
+        case AppendRecord(record=r) | BeginRecord(record=r) | FinishRecord(record=r):
+            return f"{type(op).__name__} {r.key}"
+        case InsertSession(row=row):
+            return f"InsertSession {row.id}"
+        case CloseSession(session_id=sid):
+            return f"CloseSession {sid}"
+        case SetMeta(key=key):
+            return f"SetMeta {key}"
+        case MarkFailed(session_id=sid, seq=seq, attempt=attempt):
+            return f"MarkFailed {sid}/{seq}.{attempt}"
+        case _:
+            assert_never(op)
+
+
+@dataclass(frozen=True, slots=True)
+class WriterState:
+    alive: bool
+    """The writer thread is running."""
+    healthy: bool
+    """Its last transaction committed (or it has not needed one yet)."""
+    queued: int
+    failed_ops: int
+    """Operations that failed since start (bad records included)."""
+    last_error: str | None
+
+
+class DeltaBases:
+    """Recent ``prompt + output`` id strings per session, to encode new prompts as deltas.
+
+    Bounded by a global byte budget; evicting only costs compression (the next
+    prompt of an evicted session is stored in full).
+    """
+
+    def __init__(self, per_session: int, byte_budget: int) -> None:
+        self._per_session = per_session
+        self._budget = byte_budget
+        self._bytes = 0
+        self._sessions: OrderedDict[str, deque[tuple[int, bytes]]] = OrderedDict()
+
+    def best(self, session_id: str, prompt: bytes) -> tuple[int | None, int]:
+        entries = self._sessions.get(session_id)
+        if not entries:
+            return None, 0
+        self._sessions.move_to_end(session_id)
+        best_row, best_len = None, 0
+        for rowid, full in entries:
+            shared = common_prefix_tokens(full, prompt)
+            if shared > best_len:
+                best_row, best_len = rowid, shared
+        return best_row, best_len
+
+    def add(self, session_id: str, rowid: int, full: bytes) -> None:
+        entries = self._sessions.setdefault(session_id, deque())
+        self._sessions.move_to_end(session_id)
+        entries.append((rowid, full))
+        self._bytes += len(full)
+        if len(entries) > self._per_session:
+            self._bytes -= len(entries.popleft()[1])
+        while self._bytes > self._budget and self._sessions:
+            _, dropped = self._sessions.popitem(last=False)
+            self._bytes -= sum(len(full) for _, full in dropped)
+
+
+Item = tuple[Op, "asyncio.Future[None] | None", "asyncio.AbstractEventLoop | None"]
+
+
+class Writer:
+    """Owns the write connection; :meth:`put` queues, the thread applies."""
+
+    def __init__(self, conn: sqlite3.Connection, *, delta_window: int, delta_budget: int) -> None:
+        self._conn = conn
+        self._queue: queue.SimpleQueue[Item | None] = queue.SimpleQueue()  # None: stop
+        self._bases = DeltaBases(delta_window, delta_budget)
+        self._known_blobs: OrderedDict[bytes, None] = OrderedDict()
+        # Per (session, body kind): the lists of its last stored request body.
+        self._memos: OrderedDict[tuple[str, str], ListMemo] = OrderedDict()
+        self._pending_blobs: list[bytes] = []
+        self._pending_bases: list[tuple[str, int, bytes]] = []
+        self._pending_memos: list[tuple[tuple[str, str], ListMemo]] = []
+        self._healthy = True
+        self._failed_ops = 0
+        self._last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="polar-store-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, item: Item) -> None:
+        self._queue.put(item)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def state(self) -> WriterState:
+        return WriterState(
+            alive=self.alive,
+            healthy=self._healthy,
+            queued=self._queue.qsize(),
+            failed_ops=self._failed_ops,
+            last_error=self._last_error,
+        )
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        self._conn.close()
+
+    # ---------------------------------------------------------------- the thread
+
+    def _run(self) -> None:
+        try:
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    return
+                items = [item]
+                while len(items) < BATCH:
+                    try:
+                        nxt = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is None:
+                        self._queue.put(None)
+                        break
+                    items.append(nxt)
+                try:
+                    outcomes = self._apply_batch([op for op, _, _ in items])
+                except BaseException as exc:  # a bug here must not end the writer
+                    _log.error("record store: a batch failed outright: %s", describe(exc))
+                    outcomes = [exc for _ in items]
+                for (op, future, loop), outcome in zip(items, outcomes, strict=True):
+                    if outcome is not None:
+                        self._failed_ops += 1
+                        _log.error("record store: %s failed: %s", label(op), describe(outcome))
+                    if future is not None and loop is not None:
+                        _settle_from_thread(loop, future, outcome)
+        except BaseException as exc:
+            self._last_error = f"the writer stopped: {describe(exc)}"
+            _log.critical("record store: %s", self._last_error)
+        finally:
+            self._healthy = False if self._last_error else self._healthy
+            self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        """Fail whatever is still queued: nothing will write it any more."""
+        error = StoreError("the record store's writer has stopped")
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is None:
+                continue
+            _, future, loop = item
+            if future is not None and loop is not None:
+                _settle_from_thread(loop, future, error)
+
+    def _apply_batch(self, ops: list[Op]) -> list[BaseException | None]:
+        error = self._transaction(ops)
+        if error is None:
+            return [None] * len(ops)
+        outcomes: list[BaseException | None] = (
+            [error] if len(ops) == 1 else [self._transaction([op]) for op in ops]
+        )
+        for op, outcome in zip(ops, outcomes, strict=True):
+            if outcome is not None and isinstance(op, FinishRecord):
+                r = op.record
+                fallback = MarkFailed(
+                    r.session_id,
+                    r.seq,
+                    r.attempt,
+                    f"the call's outcome could not be stored: {describe(outcome)}",
+                )
+                if self._transaction([fallback]) is not None:
+                    _log.error("record store: %s failed too", label(fallback))
+        return outcomes
+
+    def _transaction(self, ops: list[Op]) -> BaseException | None:
+        conn = self._conn
+        self._pending_blobs.clear()
+        self._pending_bases.clear()
+        self._pending_memos.clear()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for op in ops:
+                self._apply(op)
+            conn.execute("COMMIT")
+        except Exception as exc:
+            try:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            except sqlite3.Error as rollback:
+                exc.add_note(f"rollback failed: {rollback}")
+            if _store_level(exc):
+                self._healthy = False
+                self._last_error = describe(exc)
+            return exc
+        self._healthy = True
+        for key in self._pending_blobs:
+            self._known_blobs[key] = None
+            self._known_blobs.move_to_end(key)
+        while len(self._known_blobs) > 200_000:
+            self._known_blobs.popitem(last=False)
+        for session_id, rowid, full in self._pending_bases:
+            self._bases.add(session_id, rowid, full)
+        for memo_key, memo in self._pending_memos:
+            self._memos[memo_key] = memo
+            self._memos.move_to_end(memo_key)
+        while len(self._memos) > 4096:
+            self._memos.popitem(last=False)
+        return None
+
+    def _apply(self, op: Op) -> None:
+        conn = self._conn
+        match op:
+            case InsertSession(row=row):
+                conn.execute(
+                    "INSERT INTO sessions (id, key_hash, created_at, closed_at, metadata) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (row.id, row.key_hash, row.created_at, row.closed_at, dumps(row.metadata)),
+                )
+            case CloseSession(session_id=session_id, closed_at=closed_at):
+                conn.execute(
+                    "UPDATE sessions SET closed_at = ? WHERE id = ? AND closed_at IS NULL",
+                    (closed_at, session_id),
+                )
+            case AppendRecord(record=record):
+                self._insert_record(record, base=True)
+            case BeginRecord(record=record):
+                self._insert_record(record, base=False)
+            case FinishRecord(record=record):
+                self._finish_record(record)
+            case SetMeta(key=key, value=value):
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES (?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (key, value),
+                )
+            case MarkFailed(session_id=sid, seq=seq, attempt=attempt, message=message):
+                error = CallError(kind=ErrorKind.INTERNAL, message=message)
+                conn.execute(
+                    "UPDATE records SET status = ?, error = ? "
+                    "WHERE session_id = ? AND seq = ? AND attempt = ? AND status = ?",
+                    (
+                        RecordStatus.FAILED.value,
+                        dumps(error_json(error)),
+                        sid,
+                        seq,
+                        attempt,
+                        RecordStatus.IN_FLIGHT.value,
+                    ),
+                )
+            case _:
+                assert_never(op)
+
+    def _insert_blobs(self, session_id: str, blobs: list[tuple[bytes, bytes]]) -> None:
+        for key, data in blobs:
+            if key in self._known_blobs:
+                self._known_blobs.move_to_end(key)
+                continue
+            self._conn.execute(
+                "INSERT OR IGNORE INTO blobs (key, data, session_id) VALUES (?, ?, ?)",
+                (key, encode_blob(data), session_id),
+            )
+            self._pending_blobs.append(key)
+
+    def _insert_record(self, record: CompletionRecord, *, base: bool) -> None:
+        sid = record.session_id
+        original, original_blobs, original_memo = split_body(
+            record.original_request, self._memos.get((sid, "original"))
+        )
+        engine_body, engine_blobs, engine_memo = split_body(
+            record.engine_request, self._memos.get((sid, "engine")), record.prompt_ids
+        )
+        self._pending_memos += [((sid, "original"), original_memo), ((sid, "engine"), engine_memo)]
+        self._insert_blobs(sid, original_blobs + engine_blobs)
+        prompt = pack_ids(record.prompt_ids)
+        prompt_base, shared = self._bases.best(sid, prompt)
+        values = (
+            sid,
+            record.seq,
+            record.attempt,
+            record.dialect.value,
+            record.capture.value,
+            record.engine,
+            record.model,
+            record.policy_version,
+            int(record.stream),
+            original,
+            engine_body,
+            prompt_base,
+            shared,
+            prompt[shared * 4 :],
+            *outcome_values(record),
+        )
+        cursor = self._conn.execute(_INSERT, values)
+        rowid = cursor.lastrowid
+        assert rowid is not None
+        if base:
+            self._pending_bases.append((sid, rowid, prompt + pack_ids(record.output_ids)))
+
+    def _finish_record(self, record: CompletionRecord) -> None:
+        row = self._conn.execute(
+            "SELECT rowid, prompt_shared, length(prompt_tail) FROM records "
+            "WHERE session_id = ? AND seq = ? AND attempt = ?",
+            (record.session_id, record.seq, record.attempt),
+        ).fetchone()
+        if row is None:  # never begun (a store opened afresh): write it whole
+            self._insert_record(record, base=True)
+            return
+        rowid, shared, tail_bytes = row
+        prompt = pack_ids(record.prompt_ids)
+        if shared + tail_bytes // 4 != len(record.prompt_ids):
+            # The prompt became known only from the engine (engine-rendered capture).
+            prompt_base, shared = self._bases.best(record.session_id, prompt)
+            self._conn.execute(
+                "UPDATE records SET prompt_base = ?, prompt_shared = ?, prompt_tail = ? "
+                "WHERE rowid = ?",
+                (prompt_base, shared, prompt[shared * 4 :], rowid),
+            )
+        self._update_outcome(rowid, record)
+        self._pending_bases.append((record.session_id, rowid, prompt + pack_ids(record.output_ids)))
+
+    def _update_outcome(self, rowid: int, record: CompletionRecord) -> None:
+        assignments = ", ".join(f"{column} = ?" for column in OUTCOME_COLUMNS)
+        self._conn.execute(
+            f"UPDATE records SET {assignments} WHERE rowid = ?", (*outcome_values(record), rowid)
+        )
+
+
+_IDENTITY_COLUMNS = (
+    "session_id",
+    "seq",
+    "attempt",
+    "dialect",
+    "capture",
+    "engine",
+    "model",
+    "policy_version",
+    "stream",
+    "original_request",
+    "engine_request",
+    "prompt_base",
+    "prompt_shared",
+    "prompt_tail",
+)
+_INSERT = (
+    f"INSERT INTO records ({', '.join(_IDENTITY_COLUMNS + OUTCOME_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * (len(_IDENTITY_COLUMNS) + len(OUTCOME_COLUMNS)))})"
+)
+
+
+def _store_level(error: BaseException) -> bool:
+    """Whether a failure is the store's (disk, locks, corruption), not one record's."""
+    return isinstance(error, sqlite3.OperationalError) or type(error) in (
+        sqlite3.DatabaseError,
+        sqlite3.InternalError,
+    )
+
+
+def _settle_from_thread(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], outcome: BaseException | None
+) -> None:
+    # A closed loop (RuntimeError) means nobody is waiting any more.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(_settle, future, outcome)
+
+
+def _settle(future: asyncio.Future[None], outcome: BaseException | None) -> None:
+    if future.done():
+        return
+    if outcome is None:
+        future.set_result(None)
+    elif isinstance(outcome, StoreError):
+        future.set_exception(outcome)
+    else:
+        future.set_exception(StoreError(f"record store write failed: {describe(outcome)}"))

@@ -1,0 +1,176 @@
+"""Engine replies the gateway cannot use: each a recorded failure and a 5xx in the dialect's shape.
+
+The engine is :class:`~support.faulty.FaultyEngine`, a real HTTP server that
+answers what it is told (a real vLLM cannot be made to send a wrong shape).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from polar.ir import Dialect, ErrorKind, RecordStatus
+
+from support.faulty import (
+    PATHS,
+    FaultyEngine,
+    Reply,
+    assert_dialect_error,
+    client_headers,
+    request_body,
+)
+
+
+@pytest.fixture
+def faulty() -> Any:
+    engine = FaultyEngine()
+    yield engine
+    engine.stop()
+
+
+def _chat_reply(token_ids: list[Any], logprobs: list[Any]) -> bytes:
+    return orjson.dumps(
+        {
+            "prompt_token_ids": [1, 2, 3],
+            "choices": [
+                {
+                    "message": {"role": "assistant", "content": "x"},
+                    "token_ids": token_ids,
+                    "logprobs": {
+                        "content": [{"token": "x", "logprob": lp, "bytes": None} for lp in logprobs]
+                    },
+                    "finish_reason": "stop",
+                }
+            ],
+        }
+    )
+
+
+BAD_REPLIES = [
+    (b"[]", "not an object"),
+    (b"null", "not an object"),
+    (b"42", "not an object"),
+    (b'{"choices": ["x"]}', "not an object"),
+    (b'{"choices": []}', "without choices"),
+    (b"not json at all", "invalid JSON"),
+    (_chat_reply([-1], [-0.5]), "not a token id"),
+    (_chat_reply([7, 1.5], [-0.5, -0.5]), "not a token id"),
+    (
+        b'{"prompt_token_ids": [1], "choices": [{"message": {"content": "x"}, "token_ids": '
+        b'[4294967296], "logprobs": {"content": [{"token": "x", "logprob": -1}]}, '
+        b'"finish_reason": "stop"}]}',
+        "not a token id",
+    ),
+    (_chat_reply([7], ["high"]), "not a number"),
+    (_chat_reply([7, 8], [-0.5]), "2 token ids but 1 logprobs"),
+]
+
+
+def test_wrong_shapes_and_bad_ids_are_recorded_502s(make_stack: Any, faulty: FaultyEngine) -> None:
+    stack = make_stack({"turns": [{"text": "never"}]}, engine_url=faulty.url)
+    sid, key = stack.new_session()
+    with httpx.Client(base_url=stack.url, headers=client_headers(key), timeout=30) as client:
+        for i, (body, needle) in enumerate(BAD_REPLIES):
+            faulty.reply = Reply(body=body)
+            dialect = list(PATHS)[i % 3]
+            reply = client.post(PATHS[dialect], json=request_body(dialect, stream=False))
+            message = assert_dialect_error(dialect, reply, 502)
+            assert needle in message, (body, message)
+        assert client.get("/health").status_code == 200
+    records = stack.records(sid)
+    assert [r.seq for r in records] == list(range(1, len(BAD_REPLIES) + 1)), "one record per call"
+    for record in records:
+        assert record.status is RecordStatus.FAILED
+        assert record.error is not None and record.error.kind is ErrorKind.ENGINE_PROTOCOL
+        assert record.output_ids == (), "nothing of a bad reply is kept as sampled"
+
+
+def test_token_mode_streams_get_a_real_status_when_the_engine_fails_before_the_first_token(
+    make_stack: Any, faulty: FaultyEngine
+) -> None:
+    """Headers wait for the first sampled token, so a streamed call whose engine
+    fails first gets the failure's own status (502, 504) and an error body in its
+    dialect's shape, never a 200 with an error inside the stream."""
+    stack = make_stack(
+        {"turns": [{"text": "never"}]},
+        engine_url=faulty.url,
+        capture="token_in_token_out",
+        engine={"read_timeout_s": 0.5, "max_attempts": 1},
+    )
+    sid, key = stack.new_session()
+    sse = "text/event-stream"
+    failures = [
+        (Reply(status=500, body=b'{"error": {"message": "engine fell over"}}'), 502, "fell over"),
+        (Reply(body=b'data: {"choices": [{"token_ids": [-3]}]}\n\n', content_type=sse), 502, "id"),
+        (Reply(body=b"data: []\n\n", content_type=sse), 502, "not an object"),
+        (Reply(body=b"data: [DONE]\n\n", content_type=sse), 502, "ended before finishing"),
+        (Reply(body=b"data: [DONE]\n\n", content_type=sse, delay_s=2.0), 504, "timed out"),
+    ]
+    calls = 0
+    with httpx.Client(base_url=stack.url, headers=client_headers(key), timeout=30) as client:
+        for dialect in PATHS:
+            for engine_reply, status, needle in failures:
+                faulty.reply = engine_reply
+                with client.stream(
+                    "POST", PATHS[dialect], json=request_body(dialect, stream=True)
+                ) as reply:
+                    reply.read()
+                    assert reply.headers["content-type"].startswith("application/json")
+                    message = assert_dialect_error(dialect, reply, status)
+                    assert needle in message, (dialect, message)
+                calls += 1
+    records = stack.records(sid)
+    assert len(records) == calls
+    assert all(r.status is RecordStatus.FAILED and r.prompt_ids for r in records)
+    assert {r.error.kind for r in records if r.error} == {
+        ErrorKind.ENGINE_HTTP,
+        ErrorKind.ENGINE_PROTOCOL,
+        ErrorKind.ENGINE_TIMEOUT,
+    }
+
+
+def test_a_reset_kept_alive_connection_is_retried_as_a_new_recorded_attempt(
+    make_stack: Any, faulty: FaultyEngine
+) -> None:
+    """The HTTP pool used to resend on its own under the same request id, and
+    the first send was never recorded. Now each send is an attempt with a record."""
+    faulty.reply = Reply(body=_chat_reply([7, 8], [-0.5, -0.25]))
+    stack = make_stack({"turns": [{"text": "never"}]}, engine_url=faulty.url)
+    sid, key = stack.new_session()
+    body = request_body(Dialect.OPENAI_CHAT, stream=False)
+    with httpx.Client(base_url=stack.url, headers=client_headers(key), timeout=30) as client:
+        assert client.post(PATHS[Dialect.OPENAI_CHAT], json=body).status_code == 200
+        faulty.resets = 1  # the pooled connection dies as the next request arrives
+        assert client.post(PATHS[Dialect.OPENAI_CHAT], json=body).status_code == 200
+    assert faulty.request_ids == [f"{sid}/1.1", f"{sid}/2.1", f"{sid}/2.2"]
+    records = stack.records(sid)
+    assert [(r.seq, r.attempt, r.status) for r in records] == [
+        (1, 1, RecordStatus.COMPLETED),
+        (2, 1, RecordStatus.FAILED),
+        (2, 2, RecordStatus.COMPLETED),
+    ]
+    assert records[1].error is not None and records[1].error.kind is ErrorKind.ENGINE_UNAVAILABLE
+
+
+def test_an_engine_gone_silent_mid_stream_fails_after_the_idle_timeout(make_stack: Any) -> None:
+    """The scripted engine sends its first chunks at once, then one token a second;
+    the idle timeout (0.3 s) ends the call long before the read timeout (30 s):
+    a 504 if no token had reached the client yet, else an error event in the stream."""
+    stack = make_stack(
+        {"turns": [{"text": "slow words here"}]},
+        token_delay_s=1.0,
+        engine={"read_timeout_s": 30, "idle_timeout_s": 0.3, "max_attempts": 1},
+    )
+    sid, key = stack.new_session()
+    body = request_body(Dialect.OPENAI_CHAT, stream=True)
+    with httpx.Client(base_url=stack.url, headers=client_headers(key), timeout=30) as client:
+        reply = client.post(PATHS[Dialect.OPENAI_CHAT], json=body)
+    if reply.status_code == 200:
+        assert 'data: {"error"' in reply.text and "went silent" in reply.text, reply.text
+    else:
+        assert "went silent" in assert_dialect_error(Dialect.OPENAI_CHAT, reply, 504)
+    (record,) = stack.records(sid)
+    assert record.error is not None and record.error.kind is ErrorKind.ENGINE_TIMEOUT
