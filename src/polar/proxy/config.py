@@ -151,6 +151,13 @@ class LimitsConfig(_Section):
         description="Worker threads that render and tokenize prompts (token-in/token-out) "
         "and parse large bodies, off the event loop.",
     )
+    transcript_budget_bytes: int = Field(
+        default=1 << 30,
+        ge=1 << 20,
+        description="Memory for the packed token ids of open sessions' recent calls (what "
+        "splicing continues); past it the least recently used session's are dropped, and its "
+        "next prompt is rendered afresh. A session's go when it closes.",
+    )
     render_budget_bytes: int = Field(
         default=64 << 20,
         ge=1 << 20,

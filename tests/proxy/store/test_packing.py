@@ -10,40 +10,11 @@ from hypothesis import strategies as st
 
 from polar.proxy.store.packing import (
     blob_key,
-    common_prefix_tokens,
     decode_blob,
     encode_blob,
     join_body,
-    pack_floats,
-    pack_ids,
     split_body,
-    unpack_floats,
-    unpack_ids,
 )
-
-ids = st.lists(st.integers(min_value=0, max_value=2**32 - 1), max_size=300)
-
-
-@given(ids)
-def test_ids_round_trip(values: list[int]) -> None:
-    assert unpack_ids(pack_ids(values)) == tuple(values)
-
-
-@given(st.lists(st.floats(allow_nan=False), max_size=100))
-def test_logprobs_round_trip_exactly(values: list[float]) -> None:
-    assert unpack_floats(pack_floats(values)) == tuple(values)
-
-
-@given(ids, ids, ids)
-def test_common_prefix_matches_a_plain_scan(shared: list[int], a: list[int], b: list[int]) -> None:
-    left, right = shared + a, shared + b
-    expected = 0
-    for x, y in zip(left, right, strict=False):
-        if x != y:
-            break
-        expected += 1
-    assert common_prefix_tokens(pack_ids(left), pack_ids(right)) == expected
-
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=200),

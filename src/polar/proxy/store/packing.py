@@ -4,7 +4,7 @@ Harnesses resend the whole conversation on every call, so storing each request
 and each prompt in full grows with the square of the session length. Two
 encodings avoid that:
 
-* token ids are packed little-endian ``uint32`` and a prompt is stored as a
+* token ids are packed (:mod:`polar.ir.tokenids`) and a prompt is stored as a
   *delta* on an earlier record of the same session: ``(base, shared, tail)``
   means "the first ``shared`` tokens of the base record's prompt + output,
   then ``tail``";
@@ -17,70 +17,16 @@ encodings avoid that:
 from __future__ import annotations
 
 import hashlib
-import sys
 import zlib
-from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
-
-_LITTLE = sys.byteorder == "little"
 
 # Elements smaller than this stay inline in the skeleton: a blob reference costs ~40 bytes.
 MIN_BLOB_BYTES = 96
 # Blobs at least this big are zlib-compressed.
 COMPRESS_BYTES = 512
-
-
-def pack_ids(ids: Sequence[int]) -> bytes:
-    packed = array("I", ids)
-    if not _LITTLE:
-        packed.byteswap()
-    return packed.tobytes()
-
-
-def unpack_ids(data: bytes) -> tuple[int, ...]:
-    packed = array("I")
-    packed.frombytes(data)
-    if not _LITTLE:
-        packed.byteswap()
-    return tuple(packed)
-
-
-def pack_floats(values: Sequence[float]) -> bytes:
-    packed = array("d", values)
-    if not _LITTLE:
-        packed.byteswap()
-    return packed.tobytes()
-
-
-def unpack_floats(data: bytes) -> tuple[float, ...]:
-    packed = array("d")
-    packed.frombytes(data)
-    if not _LITTLE:
-        packed.byteswap()
-    return tuple(packed)
-
-
-def common_prefix_tokens(a: bytes, b: bytes) -> int:
-    """Number of leading uint32 tokens two packed id strings share.
-
-    Binary search over slice equality: each comparison is a ``memcmp``, so a
-    100k-token prompt costs microseconds, not a Python loop over tokens.
-    """
-    n = min(len(a), len(b)) // 4
-    va, vb = memoryview(a), memoryview(b)
-    if va[: n * 4] == vb[: n * 4]:
-        return n
-    lo, hi = 0, n  # invariant: prefix of lo tokens equal, of hi tokens not equal
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if va[: mid * 4] == vb[: mid * 4]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def blob_key(data: bytes) -> bytes:
