@@ -193,6 +193,13 @@ class GatewayConfig(_Section):
     limits: LimitsConfig = LimitsConfig()
     dialects: DialectsConfig = DialectsConfig()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    gc_young_threshold: int = Field(
+        default=50_000,
+        ge=0,
+        description="Allocations between young collections of Python's garbage collector "
+        "once the gateway has started (start-up's objects are frozen first); 0 keeps "
+        "Python's default (700).",
+    )
 
 
 def describe_error(error: ValidationError) -> str:
