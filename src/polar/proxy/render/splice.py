@@ -65,6 +65,8 @@ class PastCall:
         packed = prompt_ids if isinstance(prompt_ids, bytes) else pack(prompt_ids)
         prompt = TokenRun.of(packed, on.full if on is not None else None)
         sampled = output_ids if isinstance(output_ids, bytes) else pack(output_ids)
+        if on is not None:
+            messages = _shared_messages(messages, on.messages)
         return PastCall(seq, attempt, messages, prompt, prompt.then(sampled), output)
 
     @property
@@ -76,6 +78,19 @@ class PastCall:
         """Bytes this call's ids add to those of the call it continues."""
         sampled = self.full.own_bytes() if self.full is not self.prompt else 0
         return self.prompt.own_bytes() + sampled
+
+
+def _shared_messages(
+    messages: tuple[Message, ...], earlier: tuple[Message, ...]
+) -> tuple[Message, ...]:
+    """``messages`` with each leading one equal to ``earlier``'s replaced by that
+    object: a resent conversation is held once per session, not once per call."""
+    n = 0
+    for sent, known in zip(messages, earlier, strict=False):
+        if sent is not known and sent != known:
+            break
+        n += 1
+    return earlier[:n] + messages[n:] if n else messages
 
 
 @dataclass(slots=True, eq=False)

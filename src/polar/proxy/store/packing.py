@@ -57,7 +57,9 @@ def _chain_key(previous: bytes, element_digest: bytes) -> bytes:
 
 
 ListMemo = dict[str, tuple[list[bytes], list[bytes]]]
-"""Per top-level field: the serialised items of an earlier body and their chain keys."""
+"""Per top-level field: the digests of an earlier body's serialised items and
+their chain keys (digests, not the items: a memo costs 64 bytes per item, not
+a copy of the conversation)."""
 
 
 def split_body(
@@ -76,8 +78,9 @@ def split_body(
 
     ``memo`` (the third value returned for an earlier body of the same stream
     of requests, whose blobs are stored) lets a resent prefix be recognised by
-    its bytes instead of being hashed and stored again; blobs of that prefix are
-    not returned again. (Bytes, not ``==``: ``1 == 1.0 == True`` in Python.)
+    the digests of its bytes instead of being chained and stored again; blobs
+    of that prefix are not returned again. (Bytes, not ``==``: ``1 == 1.0 ==
+    True`` in Python.)
 
     A top-level list equal to ``prompt_ids`` (a token engine's prompt, which
     the record stores packed already) is not stored again: its ref has kind
@@ -105,13 +108,13 @@ def split_body(
             reusing = True
             for i, item in enumerate(value):
                 data = orjson.dumps(item)
-                items.append(data)
-                if reusing and i < len(old_items) and old_items[i] == data:
+                digest = blob_key(data)
+                items.append(digest)
+                if reusing and i < len(old_items) and old_items[i] == digest:
                     head = old_keys[i]
                     keys.append(head)
                     continue
                 reusing = False
-                digest = blob_key(data)
                 key = _chain_key(head, digest)
                 if len(data) >= MIN_BLOB_BYTES:
                     blobs.append((digest, data))
