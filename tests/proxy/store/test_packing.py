@@ -8,6 +8,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
+from polar.ir.tokenids import pack
 from polar.proxy.store.packing import (
     blob_key,
     decode_blob,
@@ -69,12 +70,21 @@ def test_blob_encoding_round_trips(data: bytes) -> None:
 def test_a_token_engine_prompt_is_stored_once_with_the_record() -> None:
     prompt = tuple(range(1000, 21000))
     body = {"model": "m", "prompt": list(prompt), "max_tokens": 16, "stop_token_ids": [151645]}
-    skeleton, blobs, _ = split_body(body, prompt_ids=prompt)
+    skeleton, blobs, _ = split_body(body, prompt=pack(prompt))
     # The prompt list is a reference to the record's packed prompt, not 20k nodes.
     assert len(blobs) == 1 and len(skeleton) < 300
     assert join_body(skeleton, dict(blobs).__getitem__, prompt) == body
     # A list that only looks like the prompt (not ints, or another length) is stored.
-    other = {"prompt": [float(t) for t in prompt[:3]], "ids": list(prompt[:-1])}
-    skeleton, blobs, _ = split_body(other, prompt_ids=prompt[:3])
-    assert join_body(skeleton, dict(blobs).__getitem__, prompt[:3]) == other
-    assert all(type(v) is float for v in join_body(skeleton, dict(blobs).__getitem__)["prompt"])
+    other = {
+        "prompt": [float(t) for t in prompt[:3]],
+        "flags": [True, *prompt[1:3]],
+        "ids": list(prompt[:-1]),
+    }
+    ones = (1, *prompt[1:3])  # what [True, ...] packs to
+    skeleton, blobs, _ = split_body(other, prompt=pack(ones))
+    assert join_body(skeleton, dict(blobs).__getitem__, ones)["flags"][0] is True
+    skeleton, blobs, _ = split_body(other, prompt=pack(prompt[:3]))
+    joined = join_body(skeleton, dict(blobs).__getitem__, prompt[:3])
+    assert joined == other
+    assert all(type(v) is float for v in joined["prompt"])
+    assert joined["flags"][0] is True

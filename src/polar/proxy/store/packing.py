@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from polar.ir.tokenids import WIDTH, pack
+
 # Elements smaller than this stay inline in the skeleton: a blob reference costs ~40 bytes.
 MIN_BLOB_BYTES = 96
 # Blobs at least this big are zlib-compressed.
@@ -65,7 +67,7 @@ a copy of the conversation)."""
 def split_body(
     body: Mapping[str, Any],
     memo: ListMemo | None = None,
-    prompt_ids: tuple[int, ...] | None = None,
+    prompt: bytes | None = None,
 ) -> tuple[bytes, list[tuple[bytes, bytes]], ListMemo]:
     """Split a JSON object into a skeleton and ``(key, bytes)`` blobs.
 
@@ -82,8 +84,8 @@ def split_body(
     of that prefix are not returned again. (Bytes, not ``==``: ``1 == 1.0 ==
     True`` in Python.)
 
-    A top-level list equal to ``prompt_ids`` (a token engine's prompt, which
-    the record stores packed already) is not stored again: its ref has kind
+    A top-level list of the ids packed in ``prompt`` (a token engine's prompt,
+    which the record stores packed already) is not stored again: its ref has kind
     ``"prompt_ids"`` and :func:`join_body` puts the record's prompt back.
 
     The skeleton is ``{"body": <object with those fields set to null>,
@@ -96,7 +98,7 @@ def split_body(
     blobs: list[tuple[bytes, bytes]] = []
     lists: ListMemo = {}
     for field, value in body.items():
-        if prompt_ids and _is_prompt(value, prompt_ids):
+        if prompt and _is_prompt(value, prompt):
             refs.append([field, "prompt_ids", ""])
             skeleton[field] = None
             continue
@@ -139,13 +141,16 @@ def split_body(
     return orjson.dumps({"body": skeleton, "refs": refs}), blobs, lists
 
 
-def _is_prompt(value: Any, prompt_ids: tuple[int, ...]) -> bool:
-    return (
-        isinstance(value, list)
-        and len(value) == len(prompt_ids)
-        and all(type(v) is int for v in value)
-        and tuple(value) == prompt_ids
-    )
+def _is_prompt(value: Any, prompt: bytes) -> bool:
+    """Whether ``value`` is exactly the packed ids (checked in C: a prompt has
+    tens of thousands): the same ints, none a ``bool`` or a float."""
+    if not isinstance(value, list) or len(value) * WIDTH != len(prompt):
+        return False
+    try:
+        same = pack(value) == prompt
+    except (TypeError, OverflowError):
+        return False
+    return same and {*map(type, value)} <= {int}
 
 
 def join_body(

@@ -396,16 +396,16 @@ class Writer:
         self, record: CompletionRecord, *, base: bool, prompt: bytes | None = None
     ) -> None:
         sid = record.session_id
+        if prompt is None:
+            prompt = pack(record.prompt_ids)
         original, original_blobs, original_memo = split_body(
             record.original_request, self._memos.get((sid, "original"))
         )
         engine_body, engine_blobs, engine_memo = split_body(
-            record.engine_request, self._memos.get((sid, "engine")), record.prompt_ids
+            record.engine_request, self._memos.get((sid, "engine")), prompt
         )
         self._pending_memos += [((sid, "original"), original_memo), ((sid, "engine"), engine_memo)]
         self._insert_blobs(sid, original_blobs + engine_blobs)
-        if prompt is None:
-            prompt = pack(record.prompt_ids)
         prompt_base, shared = self._bases.best(sid, prompt)
         values = (
             sid,
