@@ -450,7 +450,10 @@ def main() -> None:
     )
     parser.add_argument("--memory-rounds", type=int, default=10, help="--scale: rounds of 16")
     parser.add_argument(
-        "--baseline-memory-rounds", type=int, default=3, help="--scale: rounds for the baseline"
+        "--baseline-memory-rounds",
+        type=int,
+        default=3,
+        help="--scale: rounds for the baseline (-1: no memory figures for it)",
     )
     parser.add_argument(
         "--captures",

@@ -315,6 +315,8 @@ def main(
                         )
                 for g in gateways if "memory" in parts else ():
                     n = baseline_rounds if g.name == "baseline" else rounds
+                    if n < 0:
+                        continue
                     print(f"memory, {capture}:", flush=True)
                     for line in _memory(g, system, n):
                         print(line, flush=True)

@@ -26,7 +26,7 @@ _LITTLE = sys.byteorder == "little"
 WIDTH = 4
 """Bytes per packed token."""
 
-MAX_DEPTH = 32
+MAX_DEPTH = 128
 """Runs chained deeper than this are stored whole (bounds the cost of :meth:`TokenRun.packed`)."""
 
 
