@@ -100,7 +100,7 @@ def _gateway(
         env=env,
     )  # fmt: skip
     try:
-        _wait(port)
+        _wait(port, timeout=300)  # start-up loads the tokenizer: slow on a loaded machine
         yield Gateway(name, port, process)
     finally:
         process.terminate()
