@@ -77,3 +77,36 @@ def test_token_mode_with_a_bad_tokenizer_is_a_one_line_error(tmp_path: Path) -> 
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("polar gateway: error: render.tokenizer: cannot load a tokenizer")
+
+
+def test_model_warm_up_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    unknown = polar("model", "warm-up", "--harness", "nope", "--out", str(tmp_path / "o"))
+    not_installed = polar(
+        "model",
+        "warm-up",
+        "--harness",
+        "pi",
+        "--cache",
+        str(tmp_path / "empty"),
+        "--out",
+        str(tmp_path / "o"),
+    )
+    no_model = polar(
+        "model",
+        "warm-up",
+        "--base",
+        str(tmp_path / "nothing"),
+        "--cache",
+        str(tmp_path / "empty"),
+        "--out",
+        str(tmp_path / "o"),
+    )
+    for result, says in (
+        (unknown, "unknown harness 'nope'; known: codex, claude_code"),
+        (not_installed, "pi is not installed in"),
+        (no_model, "is not a model directory"),
+    ):
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("polar model warm-up: error: "), result.stderr
+        assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()

@@ -24,13 +24,14 @@ from typing import Any
 import pytest
 
 from polar.harness import Harness, RunSpec, load_harness, run_harness
+from polar.harness.exchange import MINI_SWE_AGENT_DONE, SHELL_EXCHANGES
 from polar.ir import CompletionRecord, Dialect, PromptOrigin, RecordStatus
 from polar.proxy.engines.scripted.vllm_wire import logprob_for
 
 COMMAND = "echo polar > proof.txt"
 REASONING = "I will write the file with the shell tool."
 FINAL = "Wrote proof.txt."
-MINI_DONE = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+MINI_DONE = MINI_SWE_AGENT_DONE
 EOT = "<|im_end|>"
 CAPTURES = ["engine_rendered", "token_in_token_out"]
 
@@ -38,8 +39,6 @@ CAPTURES = ["engine_rendered", "token_in_token_out"]
 @dataclass(frozen=True)
 class Case:
     harness: str
-    shell_tool: str
-    argument: str = "command"
     first_last_role: str = "user"
     """Role of the first request's last message, as the engine sees it."""
     title_call: bool = False
@@ -47,19 +46,27 @@ class Case:
     options: tuple[tuple[str, Any], ...] = ()
 
     @property
+    def shell_tool(self) -> str:
+        return SHELL_EXCHANGES[self.harness].tool
+
+    @property
+    def argument(self) -> str:
+        return SHELL_EXCHANGES[self.harness].argument
+
+    @property
     def ends_with_a_command(self) -> bool:
         # mini-swe-agent ends a run only when a command prints its marker first.
-        return self.harness == "mini_swe_agent"
+        return SHELL_EXCHANGES[self.harness].done_command is not None
 
 
 CASES = {
-    "codex": Case("codex", shell_tool="exec_command", argument="cmd"),
+    "codex": Case("codex"),
     # Claude Code appends a system item (its agent list) after the instruction.
-    "claude_code": Case("claude_code", shell_tool="Bash", first_last_role="system"),
-    "qwen_code": Case("qwen_code", shell_tool="run_shell_command"),
-    "pi": Case("pi", shell_tool="bash"),
-    "opencode": Case("opencode", shell_tool="bash", title_call=True),
-    "mini_swe_agent": Case("mini_swe_agent", shell_tool="bash"),
+    "claude_code": Case("claude_code", first_last_role="system"),
+    "qwen_code": Case("qwen_code"),
+    "pi": Case("pi"),
+    "opencode": Case("opencode", title_call=True),
+    "mini_swe_agent": Case("mini_swe_agent"),
 }
 
 
@@ -175,7 +182,7 @@ def test_opencode_without_the_title_call_makes_only_agent_calls(
     harness_cache: Path,
     tokenizer: Any,
 ) -> None:
-    case = Case("opencode", shell_tool="bash", options=(("title_call", False),))
+    case = Case("opencode", options=(("title_call", False),))
     run_case(case, "engine_rendered", make_stack, make_spec, installed, harness_cache, tokenizer)
 
 

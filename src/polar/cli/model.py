@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from polar.cli.errors import fail
+
 app = typer.Typer(help="Build local models.", no_args_is_help=True, rich_markup_mode=None)
 
 DEFAULT_MODEL_DIR = Path(".cache/models/tiny-qwen3")
@@ -25,3 +27,58 @@ def init(
     existed = is_built(out, spec) and not force
     build_tiny_model(out, spec, force=force)
     typer.echo(f"{'kept' if existed else 'built'} {out}")
+
+
+AGENTS_MODEL_DIR = Path(".cache/models/tiny-qwen3-agents")
+
+
+@app.command("warm-up")
+def warm_up_command(
+    base: Annotated[
+        Path, typer.Option(help="The model to start from (built by `polar model init`).")
+    ] = DEFAULT_MODEL_DIR,
+    out: Annotated[Path, typer.Option(help="Directory to write the taught model to.")] = (
+        AGENTS_MODEL_DIR
+    ),
+    harness: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="An agent CLI to rehearse and teach (repeat for several); "
+            "default: every pinned CLI installed in --cache."
+        ),
+    ] = None,
+    cache: Annotated[
+        Path, typer.Option(help="The harness cache (`polar harness install`).")
+    ] = Path(".cache/harness"),
+    seed: Annotated[int, typer.Option(help="Random seed of the fine-tune.")] = 0,
+) -> None:
+    """Teach the tiny model the tool-call format and each agent CLI's tool protocol.
+
+    Each CLI is run once through the gateway with a scripted model (a
+    rehearsal): its real prompts, with the outputs it accepts, are then learnt
+    together with short synthetic tool dialogues. Several minutes on a CPU; a
+    model already taught from the same base, CLIs and versions is kept.
+    """
+    from polar.tinymodel import TinyModelSpec, is_built
+    from polar.train.rehearsal import RehearsalFailed, rehearsable, teach_agents
+    from polar.train.warmup import WarmupSpec
+
+    try:
+        versions = rehearsable(cache, harness)
+    except ValueError as exc:
+        fail("model warm-up", str(exc))
+    if base == DEFAULT_MODEL_DIR and not is_built(base, TinyModelSpec()):
+        fail("model warm-up", f"no model in {base}: run `polar model init` first")
+    if not (base / "config.json").is_file():
+        fail("model warm-up", f"{base} is not a model directory (no config.json)")
+    try:
+        report = teach_agents(
+            base, out, versions, cache_dir=cache, spec=WarmupSpec(seed=seed), echo=typer.echo
+        )
+    except RehearsalFailed as exc:
+        fail("model warm-up", str(exc), code=1)
+    if "kept" in report:
+        typer.echo(f"kept {out}")
+    else:
+        taught = ", ".join(versions) or "no CLI installed: synthetic dialogues only"
+        typer.echo(f"built {out} ({taught}): {report}")

@@ -335,3 +335,41 @@ def test_gateway_records_what_the_embedded_engine_sampled(
     assert list(record.output_logprobs) == pytest.approx(
         teacher_forced(runner, list(record.prompt_ids), list(record.output_ids)), abs=1e-4
     )
+
+
+def test_unset_sampling_fields_take_the_models_generation_config(
+    tmp_path: Path, model_dir: Path, runner: ModelRunner
+) -> None:
+    """As vLLM with ``--generation-config auto``: a request that sets no temperature,
+    top-p, top-k or min-p gets the model's own defaults; one that sets them wins."""
+    import shutil
+
+    from transformers import GenerationConfig
+
+    from polar.proxy.engines.embedded.runner import default_sampling
+
+    assert runner.default_sampling == SamplingParams()  # the tiny model sets none
+    greedy_dir = tmp_path / "greedy"
+    shutil.copytree(model_dir, greedy_dir)
+    config = GenerationConfig.from_pretrained(str(model_dir))
+    config.do_sample, config.temperature, config.top_k = True, 0.6, 1
+    config.save_pretrained(str(greedy_dir))
+    greedy = ModelRunner(greedy_dir, max_batch=1)
+    try:
+        assert greedy.default_sampling == SamplingParams(temperature=0.6, top_k=1)
+        with ServerThread(create_engine_app(greedy, served_name="tiny")) as server:
+
+            def tokens(**fields: Any) -> list[int]:
+                body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, **fields}
+                reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+                return list(reply.json()["choices"][0]["token_ids"])
+
+            argmax = tokens(temperature=0)
+            assert [tokens(seed=seed) for seed in (1, 2, 3)] == [argmax] * 3
+            # top_k from the request (0: no limit) overrides the model's: samples vary
+            assert (
+                len({tuple(tokens(seed=seed, top_k=0, temperature=5.0)) for seed in (1, 2, 3)}) > 1
+            )
+    finally:
+        greedy.close()
+    assert default_sampling(None) == SamplingParams()

@@ -16,6 +16,11 @@ one chunk's attention scores and mask); the server refuses a request above
 ``max_memory_bytes`` with a clear error instead of letting the kernel kill
 the process.
 
+A request that leaves temperature, top-p, top-k or min-p unset gets the
+model's own default from its ``generation_config.json`` (a Qwen3 checkpoint
+ships temperature 0.6, top-p 0.95, top-k 20), else the neutral one, as vLLM
+does with its default ``--generation-config auto``.
+
 Logprobs are those of the model's distribution before sampling transforms
 (temperature, top-k/p), as vLLM reports them by default
 (``logprobs_mode="raw"``); ``"processed"`` reports those of the distribution
@@ -107,6 +112,19 @@ def sample(
     return token, float(raw[token])
 
 
+def default_sampling(generation_config: Any) -> SamplingParams:
+    """The sampling defaults a model's generation config sets (the values that
+    differ from Hugging Face's own defaults, as vLLM reads them), over neutral ones."""
+    diff = generation_config.to_diff_dict() if generation_config is not None else {}
+    neutral = SamplingParams()
+    return SamplingParams(
+        temperature=float(diff.get("temperature", neutral.temperature)),
+        top_p=float(diff.get("top_p", neutral.top_p)),
+        top_k=int(diff.get("top_k", neutral.top_k) or 0),
+        min_p=float(diff.get("min_p", neutral.min_p) or 0.0),
+    )
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -132,6 +150,7 @@ class ModelRunner:
         if eos is None:
             eos = config.eos_token_id
         self.eos_ids = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self.default_sampling = default_sampling(self.model.generation_config)
         self.vocab_size = int(config.vocab_size)
         self.max_model_len = int(getattr(config, "max_position_embeddings", 32768))
         self.pad_id = int(config.pad_token_id if config.pad_token_id is not None else 0)
@@ -319,5 +338,11 @@ def describe(runner: ModelRunner) -> dict[str, Any]:
         "max_batch": runner.max_batch,
         "max_model_len": runner.max_model_len,
         "prefill_chunk": runner.prefill_chunk,
+        "default_sampling": {
+            "temperature": runner.default_sampling.temperature,
+            "top_p": runner.default_sampling.top_p,
+            "top_k": runner.default_sampling.top_k,
+            "min_p": runner.default_sampling.min_p,
+        },
         "max_memory_bytes": runner.max_memory_bytes,
     }

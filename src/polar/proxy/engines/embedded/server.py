@@ -32,10 +32,11 @@ class CompletionRequest(BaseModel):
     model: str
     prompt: list[int] = Field(min_length=1)
     max_tokens: int = Field(default=16, ge=1)
-    temperature: float = Field(default=1.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=-1)
-    min_p: float = Field(default=0.0, ge=0, le=1)
+    # Unset: the model's generation_config.json default, else the neutral one (as vLLM)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
     seed: int | None = None
     stop_token_ids: list[int] = Field(default_factory=list)
     stop: str | list[str] | None = None
@@ -141,12 +142,14 @@ def create_engine_app(runner: ModelRunner, *, served_name: str) -> Starlette:
                 "(polar engine serve --max-memory-gib). Ask for fewer tokens or raise the limit.",
                 param="max_tokens",
             )
+        defaults = runner.default_sampling
+        top_k = req.top_k if req.top_k is not None else defaults.top_k
         params = SamplingParams(
             max_tokens=req.max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=max(req.top_k, 0),
-            min_p=req.min_p,
+            temperature=req.temperature if req.temperature is not None else defaults.temperature,
+            top_p=req.top_p if req.top_p is not None else defaults.top_p,
+            top_k=max(top_k, 0),
+            min_p=req.min_p if req.min_p is not None else defaults.min_p,
             seed=req.seed,
             stop_token_ids=frozenset(req.stop_token_ids),
             logit_bias=tuple((int(k), float(v)) for k, v in (req.logit_bias or {}).items()),

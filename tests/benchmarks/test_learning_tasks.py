@@ -1,0 +1,85 @@
+"""The learning benchmark's task family (``benchmarks/learning.py``): the
+train/held-out split, the task rows, the scorer the evaluator runs, and the
+scripted expert. The benchmark itself is not run here (it takes minutes)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from polar.tasks.model import Task
+
+from support.paths import REPO
+
+
+def load_benchmark() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("learning", REPO / "benchmarks" / "learning.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+learning = load_benchmark()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_the_split_holds_out_pairs_whose_name_and_digit_are_both_trained(
+    tmp_path: Path, seed: int
+) -> None:
+    train, held = learning.make_tasks(tmp_path, names=12, heldout=10, seed=seed)
+    assert (len(train), len(held)) == (110, 10), f"seed {seed}"
+    pairs = [(r["metadata"]["name"], r["metadata"]["answer"]) for r in train]
+    held_pairs = [(r["metadata"]["name"], r["metadata"]["answer"]) for r in held]
+    assert not set(pairs) & set(held_pairs), f"seed {seed}"
+    assert {d for _, d in pairs} == {str(d) for d in range(10)}
+    for name, digit in held_pairs:
+        assert any(n == name for n, _ in pairs) and any(d == digit for _, d in pairs)
+    # names and digits are spread over the held-out pairs: no two share either
+    assert len({n for n, _ in held_pairs}) == len({d for _, d in held_pairs}) == 10
+    for row in train + held:
+        task = Task.model_validate(row)
+        assert f" is {row['metadata']['answer']}." in task.instruction
+    # the same seed gives the same split
+    again, _ = learning.make_tasks(tmp_path / "again", names=12, heldout=10, seed=seed)
+    assert [r["id"] for r in again] == [r["id"] for r in train]
+
+
+@pytest.mark.parametrize(
+    ("answer", "reward"),
+    [("7", "1"), ("7\n", "1"), (" 7 ", "1"), ("8", "0"), ("77", "0"), ("", "0"), ("7.", "0")],
+)
+def test_the_scorer_rewards_exactly_the_right_digit(
+    tmp_path: Path, answer: str, reward: str
+) -> None:
+    (row,) = [
+        r
+        for r in learning.make_tasks(tmp_path, names=1, heldout=0, seed=0)[0]
+        if r["metadata"]["answer"] == "7"
+    ]
+    (tmp_path / "answer.txt").write_text(answer)
+    command = row["evaluator"]["config"]["command"]
+    subprocess.run(["bash", "-c", command], cwd=tmp_path, check=True, timeout=30)
+    assert (tmp_path / "reward.txt").read_text() == reward
+
+
+def test_the_scripted_expert_answers_each_attempt_right_at_the_given_rate(
+    tmp_path: Path,
+) -> None:
+    train, _ = learning.make_tasks(tmp_path, names=12, heldout=10, seed=0)
+    script = learning.expert_script(train, 2, 0.8, 0)
+    sessions = script["sessions"]
+    assert len(sessions) == 2 * len(train)
+    right = 0
+    for i, session in enumerate(sessions):
+        task = train[i // 2]
+        assert re.fullmatch(session["session"], f"sft.{task['id']}.a{i % 2}-s0")
+        said = session["turns"][0]["text"]
+        assert said.isdigit() and len(said) == 1
+        right += said == task["metadata"]["answer"]
+    assert 0.7 < right / len(sessions) < 0.9

@@ -1,0 +1,46 @@
+"""A rehearsal runs the real CLI through a token-in/token-out gateway with the
+scripted engine playing a model that knows the CLI's shell tool, and keeps the
+exact ids of each call (pi: the quickest of the pinned CLIs to start)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polar.assets import QWEN3_TOKENIZER_DIR
+from polar.harness import install, load_harness
+from polar.harness.exchange import SHELL_EXCHANGES
+from polar.train.rehearsal import COMMAND, REASONING, rehearsable, rehearse
+
+CACHE = Path(__file__).resolve().parents[2] / ".cache/harness"
+
+
+@pytest.mark.slow
+def test_a_rehearsal_keeps_the_clis_real_prompts_and_the_outputs_it_accepted(
+    tokenizer: Any,
+) -> None:
+    package = load_harness("pi").package
+    assert package is not None
+    install(package, CACHE)
+
+    rehearsal = rehearse("pi", QWEN3_TOKENIZER_DIR, cache_dir=CACHE)
+
+    first, second = rehearsal.calls
+    decode = tokenizer.decode
+    prompt = decode(list(first.prompt_ids))
+    assert '"name": "bash"' in prompt and "Write the word polar" in prompt
+    assert len(first.prompt_ids) > 1000  # pi's own system prompt and tools
+    reasoning, _, call = decode(list(first.output_ids)).partition("</think>\n\n")
+    assert reasoning.strip() == REASONING
+    assert json.loads(
+        call.removeprefix("<tool_call>\n").removesuffix("\n</tool_call><|im_end|>")
+    ) == (SHELL_EXCHANGES["pi"].call(COMMAND))
+    # the second prompt extends the first with its sampled ids, then the tool result
+    sampled = first.prompt_ids + first.output_ids
+    assert second.prompt_ids[: len(sampled)] == sampled
+    assert "<tool_response>" in decode(list(second.prompt_ids[len(sampled) :]))
+    assert decode(list(second.output_ids)).endswith("Wrote proof.txt.<|im_end|>")
+    assert rehearsable(CACHE, ["pi"]) == {"pi": "0.73.1"}
