@@ -91,7 +91,8 @@ def play(template: ChatTemplate, capture: CaptureMode, turns: int) -> Built:
             ids, _ = template.render(messages, tools, kwargs={})
             prompt, lineage = tuple(ids), lineage_of(ids, messages, transcript)
         output = tuple(template.text.encode(sampled))
-        transcript.add(PastCall(seq, 1, tuple(messages), prompt, output, returned))
+        base = transcript.calls[-1] if transcript.calls else None
+        transcript.add(PastCall.of(seq, 1, tuple(messages), prompt, output, returned, on=base))
         records.append(
             CompletionRecord(
                 session_id="ses_bench", seq=seq, attempt=1, status=RecordStatus.COMPLETED,

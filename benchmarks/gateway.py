@@ -1,6 +1,10 @@
 """Latency the gateway adds, and bytes it stores per session.
 
     .venv/bin/python benchmarks/gateway.py [--calls 4] [--levels 1,64,256]
+    .venv/bin/python benchmarks/gateway.py --scale [--baseline DIR]
+
+``--scale`` measures instead memory per session and CPU per call, beside
+another source tree's gateway (see ``benchmarks/gateway_scale.py``).
 
 Three processes: a fast fake engine (vLLM's chat wire format, no model, no
 tokenizer), the gateway (`polar gateway`, uvloop + httptools, default SQLite
@@ -40,16 +44,74 @@ OUTPUT_TOKENS = 16
 # ---------------------------------------------------------------- fake engine
 
 
-def _prompt_ids(messages: list[dict]) -> list[int]:
+def _prompt_ids(messages: list[dict], cache: dict[bytes, list[int]]) -> list[int]:
+    """Stand-in prompt ids: 20 per message, or one per 4 characters of a long
+    one (an agent-sized prompt is as long as a real one), the same for the same
+    message."""
     out: list[int] = []
     for message in messages:
-        digest = hashlib.sha256(json.dumps(message, sort_keys=True).encode()).digest()
-        out.extend(1000 + b * 37 for b in digest[:20])
+        text = json.dumps(message, sort_keys=True).encode()
+        digest = hashlib.sha256(text).digest()
+        ids = cache.get(digest)
+        if ids is None:
+            n = max(20, len(text) // 4)
+            seed = int.from_bytes(digest[:4], "little")
+            ids = [1000 + (seed + i * 7919) % 60000 for i in range(n)]
+            if len(cache) > 4096:
+                cache.clear()
+            cache[digest] = ids
+        out.extend(ids)
     return out
 
 
-def _engine_reply(body: dict) -> tuple[bytes, bool]:
-    prompt = _prompt_ids(body.get("messages") or [])
+def _completion_reply(body: dict, output_ids: list[int]) -> tuple[bytes, bool]:
+    """vLLM's completions route with token ids in and out (token-in/token-out capture)."""
+    prompt = len(body.get("prompt") or [])
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": len(output_ids),
+        "total_tokens": prompt + len(output_ids),
+    }
+    head = {"id": "cmpl-x", "created": 1, "model": body.get("model", "m")}
+    if not body.get("stream"):
+        choice = {
+            "index": 0,
+            "text": "",
+            "token_ids": output_ids,
+            "logprobs": {"token_logprobs": [-0.5] * len(output_ids)},
+            "finish_reason": "stop",
+            "stop_reason": None,
+        }
+        doc = {**head, "object": "text_completion", "choices": [choice], "usage": usage}
+        return json.dumps(doc).encode(), False
+    chunks = [
+        {
+            **head,
+            "object": "text_completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "",
+                    "token_ids": [token],
+                    "logprobs": {"token_logprobs": [-0.5]},
+                    "finish_reason": "stop" if i == len(output_ids) - 1 else None,
+                    "stop_reason": None,
+                }
+            ],
+        }
+        for i, token in enumerate(output_ids)
+    ]
+    chunks.append({**head, "object": "text_completion", "choices": [], "usage": usage})
+    data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+    return data + b"data: [DONE]\n\n", True
+
+
+def _engine_reply(
+    path: str, body: dict, cache: dict[bytes, list[int]], output_ids: list[int]
+) -> tuple[bytes, bool]:
+    if path == "/v1/completions":
+        return _completion_reply(body, output_ids)
+    prompt = _prompt_ids(body.get("messages") or [], cache)
     ids = list(range(500, 500 + OUTPUT_TOKENS))
     head = {"id": "chatcmpl-x", "created": 1, "model": body.get("model", "m")}
     if not body.get("stream"):
@@ -127,17 +189,31 @@ def _engine_reply(body: dict) -> tuple[bytes, bool]:
     return data, True
 
 
+def _output_ids() -> list[int]:
+    """What the fake engine samples on the completions route: real Qwen3 ids
+    (the gateway decodes them), 15 words and the end of the turn."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(ROOT / "src/polar/assets/qwen3-tokenizer/tokenizer.json"))
+    words = tokenizer.encode(" w" * (OUTPUT_TOKENS - 1), add_special_tokens=False).ids
+    return [*words[: OUTPUT_TOKENS - 1], tokenizer.token_to_id("<|im_end|>")]
+
+
 async def _serve_engine(port: int) -> None:
+    cache: dict[bytes, list[int]] = {}
+    output_ids = _output_ids()
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ", 2)[1].decode()
                 length = 0
                 for line in head.split(b"\r\n"):
                     if line.lower().startswith(b"content-length:"):
                         length = int(line.split(b":")[1])
                 body = json.loads(await reader.readexactly(length)) if length else {}
-                payload, stream = _engine_reply(body)
+                payload, stream = _engine_reply(path, body, cache, output_ids)
                 if stream:
                     writer.write(
                         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
@@ -364,10 +440,46 @@ def main() -> None:
         default="normal",
         help="the gateway's SQLite durability (default: normal, its own default)",
     )
+    parser.add_argument(
+        "--scale",
+        action="store_true",
+        help="instead: memory per session and CPU per call (benchmarks/gateway_scale.py)",
+    )
+    parser.add_argument(
+        "--baseline", type=Path, help="--scale: a Polar source tree to compare with (has src/)"
+    )
+    parser.add_argument("--memory-rounds", type=int, default=10, help="--scale: rounds of 16")
+    parser.add_argument(
+        "--baseline-memory-rounds",
+        type=int,
+        default=3,
+        help="--scale: rounds for the baseline (-1: no memory figures for it)",
+    )
+    parser.add_argument(
+        "--captures",
+        default="engine_rendered,token_in_token_out",
+        help="--scale: capture modes to measure",
+    )
+    parser.add_argument("--parts", default="cpu,memory", help="--scale: what to measure")
+    parser.add_argument(
+        "--gateway-config", type=Path, help="--scale: YAML config for this tree's gateway"
+    )
     parser.add_argument("--serve-engine", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_engine:
         asyncio.run(_serve_engine(args.serve_engine))
+        return
+    if args.scale:
+        import gateway_scale
+
+        gateway_scale.main(
+            args.baseline,
+            args.memory_rounds,
+            args.baseline_memory_rounds,
+            args.captures.split(","),
+            args.parts.split(","),
+            args.gateway_config,
+        )
         return
     levels = [int(x) for x in args.levels.split(",")]
 

@@ -106,16 +106,8 @@ def main() -> None:
         # What the gateway returned for this call is the assistant turn the
         # harness sends back in the next one.
         returned = calls[k + 1][0][-2] if k + 1 < len(calls) else messages[-1]
-        transcript.add(
-            PastCall(
-                seq=k + 1,
-                attempt=1,
-                messages=tuple(messages),
-                prompt_ids=plan.ids,
-                output_ids=output,
-                output=returned,
-            )
-        )
+        base = transcript.calls[-1] if transcript.calls else None
+        transcript.add(PastCall.of(k + 1, 1, tuple(messages), plan.ids, output, returned, on=base))
         previous = plan.ids + output
         sizes.append(len(plan.ids))
 

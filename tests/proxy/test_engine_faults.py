@@ -58,6 +58,7 @@ BAD_REPLIES = [
     (b"not json at all", "invalid JSON"),
     (_chat_reply([-1], [-0.5]), "not a token id"),
     (_chat_reply([7, 1.5], [-0.5, -0.5]), "not a token id"),
+    (_chat_reply([7, True], [-0.5, -0.5]), "not a token id"),
     (
         b'{"prompt_token_ids": [1], "choices": [{"message": {"content": "x"}, "token_ids": '
         b'[4294967296], "logprobs": {"content": [{"token": "x", "logprob": -1}]}, '

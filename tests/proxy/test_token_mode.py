@@ -203,3 +203,24 @@ def test_truncated_turn_then_continue_stays_append_only(make_stack: Any) -> None
     assert b.lineage is not None and b.lineage.origin is PromptOrigin.EXTENDS
     assert b.prompt_ids[: len(a.prompt_ids) + len(a.output_ids)] == a.prompt_ids + a.output_ids
     assert b.status is RecordStatus.COMPLETED
+
+
+def test_a_closed_sessions_transcript_is_dropped(make_stack: Any) -> None:
+    """What splicing keeps for a session (its calls' packed ids) goes when the
+    session closes; the records stay."""
+    stack = make_stack({"turns": [FINAL_TURN]}, capture="token_in_token_out")
+    sid, key = stack.new_session()
+    stack.openai(key).chat.completions.create(model="m", messages=[SYSTEM, USER])
+    transcripts = stack.gateway.transcripts
+    (record,) = stack.records(sid)
+    held = transcripts.get(sid)
+    assert len(held.calls) == 1 and held.calls[0].full.ids() == (
+        record.prompt_ids + record.output_ids
+    )
+    assert (
+        transcripts.bytes == held.charged == 4 * (len(record.prompt_ids) + len(record.output_ids))
+    )
+    with stack.admin() as admin:
+        assert admin.delete(f"/admin/sessions/{sid}").status_code == 204
+    assert len(transcripts) == 0 and transcripts.bytes == 0
+    assert [r.key for r in stack.records(sid)] == [record.key]

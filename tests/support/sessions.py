@@ -318,7 +318,11 @@ class Session:
                 MalformedToolCall("", "simulated") for _ in range(malformed)
             ),
         )
-        self.transcript.add(PastCall(self.seq, attempt, tuple(sent), prompt, output, message))
+        base = lineage.base_seq if lineage is not None else None
+        on = self.transcript.find(base, lineage.base_attempt) if base is not None else None
+        self.transcript.add(
+            PastCall.of(self.seq, attempt, tuple(sent), prompt, output, message, on=on)
+        )
         if conv.last is None or not known:
             expected_relation = None
         elif relation is not None:

@@ -144,6 +144,7 @@ def gateway(
 def run_gateway(settings: GatewayConfig) -> None:
     import uvicorn
 
+    from polar.gctune import tune_for_serving
     from polar.malloctune import pin_mmap_threshold
     from polar.proxy.app import create_app
     from polar.proxy.gateway import Gateway
@@ -154,8 +155,10 @@ def run_gateway(settings: GatewayConfig) -> None:
         gateway_ = Gateway(settings)
     except ConfigError as exc:
         fail("gateway", str(exc))
+    app = create_app(gateway_)
+    tune_for_serving(settings.gc_young_threshold)
     uvicorn.run(
-        create_app(gateway_),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

@@ -158,6 +158,13 @@ class LimitsConfig(_Section):
         description="Worker threads that render and tokenize prompts (token-in/token-out) "
         "and parse large bodies, off the event loop.",
     )
+    transcript_budget_bytes: int = Field(
+        default=1 << 30,
+        ge=1 << 20,
+        description="Memory for the packed token ids of open sessions' recent calls (what "
+        "splicing continues); past it the least recently used session's are dropped, and its "
+        "next prompt is rendered afresh. A session's go when it closes.",
+    )
     render_budget_bytes: int = Field(
         default=64 << 20,
         ge=1 << 20,
@@ -200,6 +207,13 @@ class GatewayConfig(_Section):
     limits: LimitsConfig = LimitsConfig()
     dialects: DialectsConfig = DialectsConfig()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    gc_young_threshold: int = Field(
+        default=50_000,
+        ge=0,
+        description="Allocations between young collections of Python's garbage collector "
+        "once the gateway has started (start-up's objects are frozen first); 0 keeps "
+        "Python's default (700).",
+    )
 
 
 def describe_error(error: ValidationError) -> str:

@@ -47,10 +47,10 @@ class Gateway:
             synchronous=config.store.synchronous,
             write_timeout_s=config.store.write_timeout_s,
         )
-        self.sessions = SessionRegistry(self.store)
+        self.transcripts = Transcripts(budget_bytes=limits.transcript_budget_bytes)
+        self.sessions = SessionRegistry(self.store, on_close=self.transcripts.drop)
         self.calls = CallTracker()
         self.gate = Gate()
-        self.transcripts = Transcripts()
         self.offload = Offload(
             workers=limits.render_workers, budget_bytes=limits.render_budget_bytes
         )

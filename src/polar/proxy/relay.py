@@ -56,6 +56,7 @@ from polar.ir import (
     ToolCall,
     Usage,
 )
+from polar.ir.tokenids import TokenRun, pack
 from polar.proxy.capture import Capture, PreparedCall
 from polar.proxy.engines.base import SESSION_HEADER
 from polar.proxy.errors import EngineError, EngineProtocolError, StoreUnavailable
@@ -89,6 +90,7 @@ class Accumulator:
 
     def __init__(self, prompt_ids: tuple[int, ...] = ()) -> None:
         self.prompt_ids = prompt_ids
+        self._packed: tuple[tuple[int, ...], bytes] | None = None
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self._text: list[str] = []
@@ -113,6 +115,12 @@ class Accumulator:
                 parts.name += piece.name
             if piece.arguments:
                 parts.arguments.append(piece.arguments)
+
+    def packed_prompt(self) -> bytes:
+        """The prompt ids packed (once per prompt)."""
+        if self._packed is None or self._packed[0] is not self.prompt_ids:
+            self._packed = (self.prompt_ids, pack(self.prompt_ids))
+        return self._packed[1]
 
     def message(self) -> Message:
         parts: list[Part] = []
@@ -169,6 +177,25 @@ class _Attempt:
                 status if status is RecordStatus.IN_FLIGHT else RecordStatus.FAILED, error or reason
             )
 
+    def past(self, done: CompletionRecord) -> PastCall:
+        """The completed call as a base for the session's later prompts, its ids
+        stored as a delta on the call its prompt continues (when still known)."""
+        lineage = done.lineage
+        on = (
+            self.transcript.find(lineage.base_seq, lineage.base_attempt)
+            if lineage is not None and lineage.base_seq is not None
+            else None
+        )
+        return PastCall.of(
+            self.seq,
+            self.attempt,
+            self.call.request.messages,
+            self.acc.packed_prompt(),
+            done.output_ids,
+            done.message or self.acc.message(),
+            on=on,
+        )
+
     @property
     def key(self) -> str:
         return f"{self.call.session.id}/{self.seq}.{self.attempt}"
@@ -179,7 +206,7 @@ class _Attempt:
         acc = self.acc
         lineage = self.prepared.lineage
         if lineage is None and acc.prompt_ids:
-            lineage = lineage_of(acc.prompt_ids, self.call.request.messages, self.transcript)
+            lineage = lineage_of(acc.packed_prompt(), self.call.request.messages, self.transcript)
         running = status is RecordStatus.IN_FLIGHT
         return CompletionRecord(
             **self._identity(status),
@@ -249,12 +276,19 @@ class Relay:
         self._backoff = retry_backoff_s
         self._pause_wait = pause_wait_s
 
-    async def _write(self, record: CompletionRecord, *, begin: bool = False) -> None:
+    async def _write(
+        self,
+        record: CompletionRecord,
+        *,
+        begin: bool = False,
+        prompt: bytes | None = None,
+        ids: TokenRun | None = None,
+    ) -> None:
         try:
             if begin:
-                await self._store.begin(record)
+                await self._store.begin(record, prompt=prompt)
             else:
-                await self._store.finish(record)
+                await self._store.finish(record, ids=ids)
         except StoreError as exc:
             raise StoreUnavailable(f"the gateway cannot record calls right now: {exc}") from None
 
@@ -263,7 +297,6 @@ class Relay:
         attempt), deltas as they arrive, and the finish event last."""
         seq = call.session.next_seq()
         transcript = self._transcripts.get(call.session.id)
-        messages = call.request.messages
         with self._calls.track(call.session.id):
             async with self._gate.admit(wait_s=self._pause_wait) as policy_version:
                 attempt = 0
@@ -288,7 +321,11 @@ class Relay:
                         acc=Accumulator(prepared.prompt_ids),
                     )
                     try:
-                        await self._write(this.record(RecordStatus.IN_FLIGHT), begin=True)
+                        await self._write(
+                            this.record(RecordStatus.IN_FLIGHT),
+                            begin=True,
+                            prompt=this.acc.packed_prompt() if prepared.prompt_ids else None,
+                        )
                     except BaseException:
                         await prepared.events.aclose()  # never started: nothing reached the engine
                         raise
@@ -309,17 +346,9 @@ class Relay:
                                     yield event
                                 else:
                                     done = this.record(RecordStatus.COMPLETED, finish=event)
-                                    await self._write(done)
-                                    transcript.add(
-                                        PastCall(
-                                            seq=seq,
-                                            attempt=attempt,
-                                            messages=messages,
-                                            prompt_ids=done.prompt_ids,
-                                            output_ids=done.output_ids,
-                                            output=done.message or acc.message(),
-                                        )
-                                    )
+                                    past = this.past(done)
+                                    await self._write(done, ids=past.full)
+                                    transcript.add(past)
                                     finished = True
                                     yield event
                                     return

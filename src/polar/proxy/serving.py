@@ -51,6 +51,7 @@ from polar.proxy.errors import ProxyError
 from polar.proxy.gateway import Gateway
 from polar.proxy.inbound import api_key_of, check_counts, json_object
 from polar.proxy.logtext import describe
+from polar.proxy.readynext import Pending, poll_next
 from polar.proxy.relay import Accumulator, CallInput
 
 _log = logging.getLogger(__name__)
@@ -230,11 +231,16 @@ async def _stream(
             return
         if isinstance(event, Delta):
             pending += encoder.delta(event)
-        if pending:
-            await send({"type": "http.response.body", "body": pending, "more_body": True})
-            pending = b""
         try:
-            event = await anext(events)
+            # Events that are already here go out in one write with these.
+            got = poll_next(events)
+            if not isinstance(got, Pending):
+                event = got
+                continue
+            if pending:
+                await send({"type": "http.response.body", "body": pending, "more_body": True})
+                pending = b""
+            event = await got
         except StopAsyncIteration:
             failure: ProxyError = InternalError("engine call ended without a result")
         except ProxyError as error:
@@ -243,5 +249,5 @@ async def _stream(
             failure = internal(codec, error)
         else:
             continue
-        await send({"type": "http.response.body", "body": encoder.error(failure)})
+        await send({"type": "http.response.body", "body": pending + encoder.error(failure)})
         return

@@ -15,7 +15,7 @@ import re
 import secrets
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,8 +54,13 @@ class NewSession:
 
 
 class SessionRegistry:
-    def __init__(self, store: SqliteStore) -> None:
+    def __init__(
+        self, store: SqliteStore, *, on_close: Callable[[str], None] = lambda _: None
+    ) -> None:
+        """``on_close(session_id)`` runs when a session closes: what the gateway
+        keeps in memory for it goes then."""
         self._store = store
+        self._on_close = on_close
         self._by_id: dict[str, Session] = {}
         self._by_hash: dict[str, Session] = {}
 
@@ -123,6 +128,7 @@ class SessionRegistry:
         session.closed = True
         del self._by_id[session.id]
         del self._by_hash[session.key_hash]
+        self._on_close(session.id)
         await self._store.close_session(session.id, time.time())
 
     def open_sessions(self) -> list[Session]:

@@ -16,6 +16,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
+from polar.gctune import tune_for_serving
 from polar.proxy.app import create_app
 from polar.proxy.asgi import Router
 from polar.proxy.gateway import Gateway
@@ -136,6 +137,9 @@ async def serve(
         # The API first: its server is up before the gateway's start-up starts the node.
         servers.append((_uvicorn(service.control_app, log_level), control))
         servers.append((_uvicorn(service.app, log_level, node_config.gateway.keepalive_s), sock))
+        tune_for_serving(node_config.gateway.gc_young_threshold)
+    elif server_config is not None:
+        tune_for_serving()
     tasks = [asyncio.ensure_future(s.serve(sockets=[sock])) for s, sock in servers]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

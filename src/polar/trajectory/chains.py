@@ -48,13 +48,14 @@ model saw next.
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import assert_never
 
 from polar.ir import CompletionRecord, RecordStatus
+from polar.ir.tokenids import common_prefix
+from polar.ir.tokenids import pack as pack_ids
 from polar.trajectory.errors import BuildInputError
 from polar.trajectory.trace import BREAKING, BreakReason, Fate, Relation
 from polar.trajectory.turns import TurnFormat
@@ -120,28 +121,9 @@ def select(
 
 def pack(ids: Sequence[int]) -> bytes:
     try:
-        return array("I", ids).tobytes()
+        return pack_ids(ids)
     except OverflowError:
         raise BuildInputError("a token id is negative or wider than 32 bits") from None
-
-
-def common_prefix(a: bytes, b: bytes) -> int:
-    """Leading tokens two packed id strings share (galloping, then bisection)."""
-    n = min(len(a), len(b)) // 4
-    if a[: n * 4] == b[: n * 4]:
-        return n
-    lo, step = 0, 64  # invariant: the first lo tokens are equal
-    while lo + step < n and a[lo * 4 : (lo + step) * 4] == b[lo * 4 : (lo + step) * 4]:
-        lo += step
-        step *= 2
-    hi = min(lo + step, n)  # some token in [lo, hi) differs
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo * 4 : mid * 4] == b[lo * 4 : mid * 4]:
-            lo = mid
-        else:
-            hi = mid
-    return lo if a[lo * 4 : lo * 4 + 4] != b[lo * 4 : lo * 4 + 4] else lo + 1
 
 
 def _find(packed: bytes, token: bytes, start: int) -> int | None:

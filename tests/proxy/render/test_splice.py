@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from polar.ir import Message, PromptOrigin, Role, TextPart, ToolCall, ToolSpec
 from polar.proxy.render.parse import OutputParser, ParserOptions
-from polar.proxy.render.splice import PastCall, Transcript, plan_prompt
+from polar.proxy.render.splice import PastCall, Transcript, Transcripts, plan_prompt
 from polar.proxy.render.template import ChatTemplate
 
 TOOLS = (
@@ -150,7 +150,7 @@ def run_session(
         text = sampled_text(turn)
         output = tuple(template.text.encode(text))
         message = returned_message(text)
-        transcript.add(PastCall(k + 1, 1, tuple(messages), plan.ids, output, message))
+        transcript.add(PastCall.of(k + 1, 1, tuple(messages), plan.ids, output, message))
         fulls.append(plan.ids + output)
         messages.append(resend(message, turn["reasoning"], style))
         if message.tool_calls:
@@ -233,9 +233,33 @@ def test_a_truncated_turn_is_closed_with_the_end_of_turn_token(template: ChatTem
     first = plan_prompt(template, messages, TOOLS, transcript, kwargs={})
     cut = tuple(template.text.encode("half a thou"))  # no <|im_end|>: length limit
     reply = Message(role=Role.ASSISTANT, parts=(TextPart("half a thou"),))
-    transcript.add(PastCall(1, 1, tuple(messages), first.ids, cut, reply))
+    transcript.add(PastCall.of(1, 1, tuple(messages), first.ids, cut, reply))
     messages += [reply, Message(role=Role.USER, parts=(TextPart("continue"),))]
     second = plan_prompt(template, messages, TOOLS, transcript, kwargs={})
     head = first.ids + cut
     assert second.ids[: len(head)] == head
     assert second.ids[len(head)] == template.end_of_turn_id
+
+
+def test_transcripts_are_bounded_by_bytes_least_recently_used_first() -> None:
+    reply = Message(role=Role.ASSISTANT, parts=(TextPart("ok"),))
+    transcripts = Transcripts(budget_bytes=10_000)
+
+    def call(session: str, tokens: int) -> None:
+        transcript = transcripts.get(session)
+        on = transcript.calls[-1] if transcript.calls else None
+        prompt = (on.full.ids() if on else ()) + tuple(range(tokens))
+        transcript.add(PastCall.of(len(transcript.calls) + 1, 1, (), prompt, (7,), reply, on=on))
+
+    call("a", 1000)  # 4,004 bytes
+    call("b", 1000)
+    assert transcripts.bytes == 8008 and len(transcripts) == 2
+    call("a", 100)  # continues a's call: only its new 101 tokens are added
+    assert transcripts.bytes == 8412
+    call("c", 1000)  # over budget: b, the least recently used, goes
+    assert len(transcripts) == 2 and transcripts.bytes == 8412
+    assert not transcripts.get("b").calls
+    call("a", 5000)  # one session past the budget keeps its own, the others go
+    assert transcripts.bytes == 4408 + 20004 and len(transcripts) == 1
+    transcripts.drop("a")
+    assert transcripts.bytes == 0 and len(transcripts) == 0

@@ -8,42 +8,14 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
+from polar.ir.tokenids import pack
 from polar.proxy.store.packing import (
     blob_key,
-    common_prefix_tokens,
     decode_blob,
     encode_blob,
     join_body,
-    pack_floats,
-    pack_ids,
     split_body,
-    unpack_floats,
-    unpack_ids,
 )
-
-ids = st.lists(st.integers(min_value=0, max_value=2**32 - 1), max_size=300)
-
-
-@given(ids)
-def test_ids_round_trip(values: list[int]) -> None:
-    assert unpack_ids(pack_ids(values)) == tuple(values)
-
-
-@given(st.lists(st.floats(allow_nan=False), max_size=100))
-def test_logprobs_round_trip_exactly(values: list[float]) -> None:
-    assert unpack_floats(pack_floats(values)) == tuple(values)
-
-
-@given(ids, ids, ids)
-def test_common_prefix_matches_a_plain_scan(shared: list[int], a: list[int], b: list[int]) -> None:
-    left, right = shared + a, shared + b
-    expected = 0
-    for x, y in zip(left, right, strict=False):
-        if x != y:
-            break
-        expected += 1
-    assert common_prefix_tokens(pack_ids(left), pack_ids(right)) == expected
-
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=200),
@@ -98,12 +70,21 @@ def test_blob_encoding_round_trips(data: bytes) -> None:
 def test_a_token_engine_prompt_is_stored_once_with_the_record() -> None:
     prompt = tuple(range(1000, 21000))
     body = {"model": "m", "prompt": list(prompt), "max_tokens": 16, "stop_token_ids": [151645]}
-    skeleton, blobs, _ = split_body(body, prompt_ids=prompt)
+    skeleton, blobs, _ = split_body(body, prompt=pack(prompt))
     # The prompt list is a reference to the record's packed prompt, not 20k nodes.
     assert len(blobs) == 1 and len(skeleton) < 300
     assert join_body(skeleton, dict(blobs).__getitem__, prompt) == body
     # A list that only looks like the prompt (not ints, or another length) is stored.
-    other = {"prompt": [float(t) for t in prompt[:3]], "ids": list(prompt[:-1])}
-    skeleton, blobs, _ = split_body(other, prompt_ids=prompt[:3])
-    assert join_body(skeleton, dict(blobs).__getitem__, prompt[:3]) == other
-    assert all(type(v) is float for v in join_body(skeleton, dict(blobs).__getitem__)["prompt"])
+    other = {
+        "prompt": [float(t) for t in prompt[:3]],
+        "flags": [True, *prompt[1:3]],
+        "ids": list(prompt[:-1]),
+    }
+    ones = (1, *prompt[1:3])  # what [True, ...] packs to
+    skeleton, blobs, _ = split_body(other, prompt=pack(ones))
+    assert join_body(skeleton, dict(blobs).__getitem__, ones)["flags"][0] is True
+    skeleton, blobs, _ = split_body(other, prompt=pack(prompt[:3]))
+    joined = join_body(skeleton, dict(blobs).__getitem__, prompt[:3])
+    assert joined == other
+    assert all(type(v) is float for v in joined["prompt"])
+    assert joined["flags"][0] is True

@@ -17,6 +17,7 @@ from typing import Any, ParamSpec
 import orjson
 
 from polar.ir import EngineEvent
+from polar.ir.tokenids import pack
 from polar.proxy.errors import EngineError, EngineProtocolError
 from polar.proxy.logtext import brief, describe
 
@@ -66,8 +67,20 @@ def token_id(value: Any, what: str) -> int:
 
 
 def token_ids(value: Any, what: str) -> tuple[int, ...]:
-    """A list of token ids (non-negative integers below 2**32); ``None`` reads as none."""
-    return tuple(token_id(v, what) for v in optional_array(value, what))
+    """A list of token ids (non-negative integers below 2**32); ``None`` reads as none.
+
+    Checked in C (a prompt has tens of thousands): every item an exact ``int``
+    (``bool`` is a subclass, and not an id) that fits ``uint32``; the item at
+    fault is named by the slow path."""
+    items = optional_array(value, what)
+    try:
+        pack(items)
+    except (TypeError, OverflowError):
+        pass
+    else:
+        if {*map(type, items)} <= {int}:
+            return tuple(items)
+    return tuple(token_id(v, what) for v in items)
 
 
 def number(value: Any, what: str) -> float:

@@ -32,54 +32,135 @@ from polar.ir import (
     TextPart,
     ToolSpec,
 )
+from polar.ir.tokenids import TokenRun, common_prefix, pack
 from polar.proxy.render.template import ChatTemplate
 
 
 @dataclass(frozen=True, slots=True)
 class PastCall:
-    """A completed call of the session, as a base for later prompts."""
+    """A completed call of the session, as a base for later prompts. Its ids
+    are packed, sharing their prefix with the call they continue."""
 
     seq: int
     attempt: int
     messages: tuple[Message, ...]
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]
+    prompt: TokenRun
+    full: TokenRun
+    """The prompt, then the sampled ids."""
     output: Message
+
+    @staticmethod
+    def of(
+        seq: int,
+        attempt: int,
+        messages: tuple[Message, ...],
+        prompt_ids: Sequence[int] | bytes,
+        output_ids: Sequence[int] | bytes,
+        output: Message,
+        *,
+        on: PastCall | None = None,
+    ) -> PastCall:
+        """Pack a call's ids (stored as a delta on ``on``'s when given: exact
+        whatever ``on`` is, cheapest when the prompt continues it)."""
+        packed = prompt_ids if isinstance(prompt_ids, bytes) else pack(prompt_ids)
+        prompt = TokenRun.of(packed, on.full if on is not None else None)
+        sampled = output_ids if isinstance(output_ids, bytes) else pack(output_ids)
+        if on is not None:
+            messages = _shared_messages(messages, on.messages)
+        return PastCall(seq, attempt, messages, prompt, prompt.then(sampled), output)
 
     @property
     def tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.full)
+
+    @property
+    def own_bytes(self) -> int:
+        """Bytes this call's ids add to those of the call it continues."""
+        sampled = self.full.own_bytes() if self.full is not self.prompt else 0
+        return self.prompt.own_bytes() + sampled
 
 
-@dataclass(slots=True)
+def _shared_messages(
+    messages: tuple[Message, ...], earlier: tuple[Message, ...]
+) -> tuple[Message, ...]:
+    """``messages`` with each leading one equal to ``earlier``'s replaced by that
+    object: a resent conversation is held once per session, not once per call."""
+    n = 0
+    for sent, known in zip(messages, earlier, strict=False):
+        if sent is not known and sent != known:
+            break
+        n += 1
+    return earlier[:n] + messages[n:] if n else messages
+
+
+@dataclass(slots=True, eq=False)
 class Transcript:
     """The recent calls of one session (newest last)."""
 
     calls: deque[PastCall] = field(default_factory=lambda: deque(maxlen=16))
+    charged: int = 0
+    """Bytes of packed ids added for this session (an upper bound on what it holds)."""
+    owner: Transcripts | None = field(default=None, repr=False)
 
     def add(self, call: PastCall) -> None:
         self.calls.append(call)
+        self.charged += call.own_bytes
+        if self.owner is not None:
+            self.owner.charge(self, call.own_bytes)
+
+    def find(self, seq: int | None, attempt: int | None) -> PastCall | None:
+        for call in reversed(self.calls):
+            if call.seq == seq and call.attempt == attempt:
+                return call
+        return None
 
 
 class Transcripts:
-    """Transcripts of the sessions the gateway is serving, least recently used dropped."""
+    """Transcripts of the sessions the gateway is serving.
 
-    def __init__(self, max_sessions: int = 4096) -> None:
-        self._max = max_sessions
+    A session's transcript is dropped when the session closes; all of them
+    together are bounded by ``budget_bytes`` of packed ids, the least recently
+    used session dropped first (it loses splicing, not records: its next
+    prompt is rendered afresh and its lineage recorded as such).
+    """
+
+    def __init__(self, budget_bytes: int = 1 << 30) -> None:
+        self._budget = budget_bytes
+        self._bytes = 0
         self._by_session: OrderedDict[str, Transcript] = OrderedDict()
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._by_session)
 
     def get(self, session_id: str) -> Transcript:
         transcript = self._by_session.get(session_id)
         if transcript is None:
-            transcript = self._by_session[session_id] = Transcript()
-            while len(self._by_session) > self._max:
-                self._by_session.popitem(last=False)
+            transcript = self._by_session[session_id] = Transcript(owner=self)
         else:
             self._by_session.move_to_end(session_id)
         return transcript
 
+    def charge(self, transcript: Transcript, n: int) -> None:
+        """Count ``n`` more bytes for ``transcript``; drop others past the budget."""
+        self._bytes += n
+        while self._bytes > self._budget and self._by_session:
+            session_id, oldest = next(iter(self._by_session.items()))
+            if oldest is transcript:
+                if len(self._by_session) == 1:
+                    return  # one session over the whole budget keeps its own
+                self._by_session.move_to_end(session_id)
+                continue
+            self.drop(session_id)
+
     def drop(self, session_id: str) -> None:
-        self._by_session.pop(session_id, None)
+        transcript = self._by_session.pop(session_id, None)
+        if transcript is not None:
+            transcript.owner = None
+            self._bytes -= transcript.charged
 
 
 # ---------------------------------------------------------------- matching turns
@@ -138,39 +219,25 @@ def extended_call(messages: Sequence[Message], transcript: Transcript) -> PastCa
     return best
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int], chunk: int = 4096) -> int:
-    """Leading items two sequences share; compares slices, so it costs about the
-    shared length in C rather than one Python step per token."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i : i + chunk] == b[i : i + chunk]:
-        i += chunk
-    if i >= n:
-        return n
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def lineage_of(
-    prompt_ids: Sequence[int], messages: Sequence[Message], transcript: Transcript
+    prompt_ids: Sequence[int] | bytes, messages: Sequence[Message], transcript: Transcript
 ) -> PromptLineage:
     """How a prompt relates to the session's earlier calls (any capture mode)."""
     base = extended_call(messages, transcript)
-    prompt = tuple(prompt_ids)
+    prompt = prompt_ids if isinstance(prompt_ids, bytes) else pack(prompt_ids)
     if base is not None:
-        full = base.prompt_ids + base.output_ids
-        shared = _common_prefix(prompt, full)
+        full = base.full.packed()
+        shared = common_prefix(prompt, full)
         return PromptLineage(
-            origin=PromptOrigin.EXTENDS if shared == len(full) else PromptOrigin.REWRITTEN,
+            origin=PromptOrigin.EXTENDS if shared == len(base.full) else PromptOrigin.REWRITTEN,
             base_seq=base.seq,
             base_attempt=base.attempt,
             shared_tokens=shared,
-            base_tokens=len(full),
+            base_tokens=len(base.full),
         )
     best: tuple[int, PastCall] | None = None
     for call in transcript.calls:
-        shared = _common_prefix(prompt, call.prompt_ids + call.output_ids)
+        shared = common_prefix(prompt, call.full.packed())
         if shared and (best is None or shared >= best[0]):
             best = (shared, call)
     if best is None:
@@ -212,19 +279,18 @@ def plan_prompt(
             ids=tuple(ids), lineage=lineage_of(ids, messages, transcript), tail_text=text
         )
     glue: tuple[int, ...] = ()
-    if not base.output_ids or base.output_ids[-1] != template.end_of_turn_id:
+    if len(base.full) == len(base.prompt) or base.full.last() != template.end_of_turn_id:
         # The turn was cut short (length limit): close it as the template would.
         glue = (template.end_of_turn_id,)
     tail, text = template.continuation(messages, tools, len(base.messages), kwargs=kwargs)
-    full = base.prompt_ids + base.output_ids
     return PromptPlan(
-        ids=full + glue + tuple(tail),
+        ids=base.full.ids() + glue + tuple(tail),
         lineage=PromptLineage(
             origin=PromptOrigin.EXTENDS,
             base_seq=base.seq,
             base_attempt=base.attempt,
-            shared_tokens=len(full),
-            base_tokens=len(full),
+            shared_tokens=len(base.full),
+            base_tokens=len(base.full),
             spliced=True,
         ),
         tail_text=text,

@@ -4,7 +4,7 @@ Harnesses resend the whole conversation on every call, so storing each request
 and each prompt in full grows with the square of the session length. Two
 encodings avoid that:
 
-* token ids are packed little-endian ``uint32`` and a prompt is stored as a
+* token ids are packed (:mod:`polar.ir.tokenids`) and a prompt is stored as a
   *delta* on an earlier record of the same session: ``(base, shared, tail)``
   means "the first ``shared`` tokens of the base record's prompt + output,
   then ``tail``";
@@ -17,70 +17,18 @@ encodings avoid that:
 from __future__ import annotations
 
 import hashlib
-import sys
 import zlib
-from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 
-_LITTLE = sys.byteorder == "little"
+from polar.ir.tokenids import WIDTH, pack
 
 # Elements smaller than this stay inline in the skeleton: a blob reference costs ~40 bytes.
 MIN_BLOB_BYTES = 96
 # Blobs at least this big are zlib-compressed.
 COMPRESS_BYTES = 512
-
-
-def pack_ids(ids: Sequence[int]) -> bytes:
-    packed = array("I", ids)
-    if not _LITTLE:
-        packed.byteswap()
-    return packed.tobytes()
-
-
-def unpack_ids(data: bytes) -> tuple[int, ...]:
-    packed = array("I")
-    packed.frombytes(data)
-    if not _LITTLE:
-        packed.byteswap()
-    return tuple(packed)
-
-
-def pack_floats(values: Sequence[float]) -> bytes:
-    packed = array("d", values)
-    if not _LITTLE:
-        packed.byteswap()
-    return packed.tobytes()
-
-
-def unpack_floats(data: bytes) -> tuple[float, ...]:
-    packed = array("d")
-    packed.frombytes(data)
-    if not _LITTLE:
-        packed.byteswap()
-    return tuple(packed)
-
-
-def common_prefix_tokens(a: bytes, b: bytes) -> int:
-    """Number of leading uint32 tokens two packed id strings share.
-
-    Binary search over slice equality: each comparison is a ``memcmp``, so a
-    100k-token prompt costs microseconds, not a Python loop over tokens.
-    """
-    n = min(len(a), len(b)) // 4
-    va, vb = memoryview(a), memoryview(b)
-    if va[: n * 4] == vb[: n * 4]:
-        return n
-    lo, hi = 0, n  # invariant: prefix of lo tokens equal, of hi tokens not equal
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if va[: mid * 4] == vb[: mid * 4]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def blob_key(data: bytes) -> bytes:
@@ -111,13 +59,15 @@ def _chain_key(previous: bytes, element_digest: bytes) -> bytes:
 
 
 ListMemo = dict[str, tuple[list[bytes], list[bytes]]]
-"""Per top-level field: the serialised items of an earlier body and their chain keys."""
+"""Per top-level field: the digests of an earlier body's serialised items and
+their chain keys (digests, not the items: a memo costs 64 bytes per item, not
+a copy of the conversation)."""
 
 
 def split_body(
     body: Mapping[str, Any],
     memo: ListMemo | None = None,
-    prompt_ids: tuple[int, ...] | None = None,
+    prompt: bytes | None = None,
 ) -> tuple[bytes, list[tuple[bytes, bytes]], ListMemo]:
     """Split a JSON object into a skeleton and ``(key, bytes)`` blobs.
 
@@ -130,11 +80,12 @@ def split_body(
 
     ``memo`` (the third value returned for an earlier body of the same stream
     of requests, whose blobs are stored) lets a resent prefix be recognised by
-    its bytes instead of being hashed and stored again; blobs of that prefix are
-    not returned again. (Bytes, not ``==``: ``1 == 1.0 == True`` in Python.)
+    the digests of its bytes instead of being chained and stored again; blobs
+    of that prefix are not returned again. (Bytes, not ``==``: ``1 == 1.0 ==
+    True`` in Python.)
 
-    A top-level list equal to ``prompt_ids`` (a token engine's prompt, which
-    the record stores packed already) is not stored again: its ref has kind
+    A top-level list of the ids packed in ``prompt`` (a token engine's prompt,
+    which the record stores packed already) is not stored again: its ref has kind
     ``"prompt_ids"`` and :func:`join_body` puts the record's prompt back.
 
     The skeleton is ``{"body": <object with those fields set to null>,
@@ -147,7 +98,7 @@ def split_body(
     blobs: list[tuple[bytes, bytes]] = []
     lists: ListMemo = {}
     for field, value in body.items():
-        if prompt_ids and _is_prompt(value, prompt_ids):
+        if prompt and _is_prompt(value, prompt):
             refs.append([field, "prompt_ids", ""])
             skeleton[field] = None
             continue
@@ -159,13 +110,13 @@ def split_body(
             reusing = True
             for i, item in enumerate(value):
                 data = orjson.dumps(item)
-                items.append(data)
-                if reusing and i < len(old_items) and old_items[i] == data:
+                digest = blob_key(data)
+                items.append(digest)
+                if reusing and i < len(old_items) and old_items[i] == digest:
                     head = old_keys[i]
                     keys.append(head)
                     continue
                 reusing = False
-                digest = blob_key(data)
                 key = _chain_key(head, digest)
                 if len(data) >= MIN_BLOB_BYTES:
                     blobs.append((digest, data))
@@ -190,13 +141,16 @@ def split_body(
     return orjson.dumps({"body": skeleton, "refs": refs}), blobs, lists
 
 
-def _is_prompt(value: Any, prompt_ids: tuple[int, ...]) -> bool:
-    return (
-        isinstance(value, list)
-        and len(value) == len(prompt_ids)
-        and all(type(v) is int for v in value)
-        and tuple(value) == prompt_ids
-    )
+def _is_prompt(value: Any, prompt: bytes) -> bool:
+    """Whether ``value`` is exactly the packed ids (checked in C: a prompt has
+    tens of thousands): the same ints, none a ``bool`` or a float."""
+    if not isinstance(value, list) or len(value) * WIDTH != len(prompt):
+        return False
+    try:
+        same = pack(value) == prompt
+    except (TypeError, OverflowError):
+        return False
+    return same and {*map(type, value)} <= {int}
 
 
 def join_body(

@@ -36,7 +36,8 @@ from polar.ir.codec import (
     usage_from_json,
     usage_to_json,
 )
-from polar.proxy.store.packing import join_body, pack_floats, pack_ids, unpack_floats, unpack_ids
+from polar.ir.tokenids import pack, pack_floats, unpack, unpack_floats
+from polar.proxy.store.packing import join_body
 
 SCHEMA_VERSION = 5
 
@@ -150,7 +151,7 @@ def outcome_values(record: CompletionRecord) -> tuple[Any, ...]:
         dumps(timings_json(record.timings)),
         dumps(usage_to_json(record.usage)) if record.usage else None,
         dumps(message_to_json(record.message)) if record.message else None,
-        pack_ids(record.output_ids),
+        pack(record.output_ids),
         pack_floats(record.output_logprobs),
         dumps(lineage_to_json(record.lineage)) if record.lineage else None,
         (
@@ -172,7 +173,7 @@ def record_from_row(
 ) -> CompletionRecord:
     timings = orjson.loads(row[13])
     error = orjson.loads(row[12]) if row[12] else None
-    prompt_ids = unpack_ids(prompt)
+    prompt_ids = unpack(prompt)
     return CompletionRecord(
         session_id=row[1],
         seq=row[2],
@@ -198,7 +199,7 @@ def record_from_row(
         original_request=join_body(row[16], load_blob),
         engine_request=join_body(row[17], load_blob, prompt_ids),
         prompt_ids=prompt_ids,
-        output_ids=unpack_ids(row[21]),
+        output_ids=unpack(row[21]),
         output_logprobs=unpack_floats(row[22]),
         lineage=lineage_from_json(orjson.loads(row[23])) if row[23] else None,
         malformed_tool_calls=tuple(

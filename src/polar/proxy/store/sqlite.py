@@ -49,6 +49,7 @@ from typing import Any, Literal
 import orjson
 
 from polar.ir import CallError, CompletionRecord, ErrorKind, RecordStatus
+from polar.ir.tokenids import TokenRun
 from polar.proxy.store.packing import decode_blob
 from polar.proxy.store.rows import (
     MIGRATIONS,
@@ -262,17 +263,19 @@ class SqliteStore:
     async def close_session(self, session_id: str, closed_at: float) -> None:
         await self._submit(CloseSession(session_id, closed_at))
 
-    async def begin(self, record: CompletionRecord) -> None:
-        """Persist the row of a call about to reach the engine (status ``in_flight``)."""
+    async def begin(self, record: CompletionRecord, *, prompt: bytes | None = None) -> None:
+        """Persist the row of a call about to reach the engine (status ``in_flight``).
+        ``prompt``: its prompt ids already packed, if the caller has them."""
         if record.status is not RecordStatus.IN_FLIGHT:
             raise ValueError(f"begin() takes an in-flight record, not {record.status.value}")
-        await self._submit(BeginRecord(record))
+        await self._submit(BeginRecord(record, prompt))
 
-    async def finish(self, record: CompletionRecord) -> None:
-        """Persist the outcome of a call written by :meth:`begin`; returns once committed."""
+    async def finish(self, record: CompletionRecord, *, ids: TokenRun | None = None) -> None:
+        """Persist the outcome of a call written by :meth:`begin`; returns once committed.
+        ``ids``: its prompt then output ids already packed, if the caller has them."""
         if record.status is RecordStatus.IN_FLIGHT:
             raise ValueError("finish() takes a finished record")
-        await self._submit(FinishRecord(record))
+        await self._submit(FinishRecord(record, ids))
 
     async def append(self, record: CompletionRecord) -> None:
         """Persist a finished ``record`` in one go; returns once it is committed."""

@@ -29,14 +29,9 @@ from dataclasses import dataclass
 from typing import Any, assert_never
 
 from polar.ir import CallError, CompletionRecord, ErrorKind, RecordStatus
+from polar.ir.tokenids import WIDTH, TokenRun, common_prefix, pack
 from polar.proxy.logtext import describe
-from polar.proxy.store.packing import (
-    ListMemo,
-    common_prefix_tokens,
-    encode_blob,
-    pack_ids,
-    split_body,
-)
+from polar.proxy.store.packing import ListMemo, encode_blob, split_body
 from polar.proxy.store.rows import OUTCOME_COLUMNS, dumps, error_json, outcome_values
 
 _log = logging.getLogger(__name__)
@@ -82,6 +77,8 @@ class BeginRecord:
     """The row of a call about to be sent to the engine (status ``in_flight``)."""
 
     record: CompletionRecord
+    prompt: bytes | None = None
+    """``record.prompt_ids`` packed, when the caller has them so already."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +86,9 @@ class FinishRecord:
     """A dispatched call's outcome, written over its ``in_flight`` row."""
 
     record: CompletionRecord
+    ids: TokenRun | None = None
+    """The record's prompt then output ids, packed, when the caller has them so
+    already (kept as a delta base, sharing memory with the caller's copy)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,15 +142,16 @@ class WriterState:
 class DeltaBases:
     """Recent ``prompt + output`` id strings per session, to encode new prompts as deltas.
 
-    Bounded by a global byte budget; evicting only costs compression (the next
-    prompt of an evicted session is stored in full).
+    Bounded by a global byte budget (each string counted whole, though runs
+    share their prefixes); evicting only costs compression (the next prompt of
+    an evicted session is stored in full). A closed session's go at once.
     """
 
     def __init__(self, per_session: int, byte_budget: int) -> None:
         self._per_session = per_session
         self._budget = byte_budget
         self._bytes = 0
-        self._sessions: OrderedDict[str, deque[tuple[int, bytes]]] = OrderedDict()
+        self._sessions: OrderedDict[str, deque[tuple[int, TokenRun]]] = OrderedDict()
 
     def best(self, session_id: str, prompt: bytes) -> tuple[int | None, int]:
         entries = self._sessions.get(session_id)
@@ -159,21 +160,26 @@ class DeltaBases:
         self._sessions.move_to_end(session_id)
         best_row, best_len = None, 0
         for rowid, full in entries:
-            shared = common_prefix_tokens(full, prompt)
+            shared = common_prefix(full.packed(), prompt)
             if shared > best_len:
                 best_row, best_len = rowid, shared
         return best_row, best_len
 
-    def add(self, session_id: str, rowid: int, full: bytes) -> None:
+    def add(self, session_id: str, rowid: int, full: TokenRun) -> None:
         entries = self._sessions.setdefault(session_id, deque())
         self._sessions.move_to_end(session_id)
         entries.append((rowid, full))
-        self._bytes += len(full)
+        self._bytes += len(full) * WIDTH
         if len(entries) > self._per_session:
-            self._bytes -= len(entries.popleft()[1])
+            self._bytes -= len(entries.popleft()[1]) * WIDTH
         while self._bytes > self._budget and self._sessions:
             _, dropped = self._sessions.popitem(last=False)
-            self._bytes -= sum(len(full) for _, full in dropped)
+            self._bytes -= sum(len(full) for _, full in dropped) * WIDTH
+
+    def drop(self, session_id: str) -> None:
+        dropped = self._sessions.pop(session_id, None)
+        if dropped is not None:
+            self._bytes -= sum(len(full) for _, full in dropped) * WIDTH
 
 
 Item = tuple[Op, "asyncio.Future[None] | None", "asyncio.AbstractEventLoop | None"]
@@ -190,7 +196,8 @@ class Writer:
         # Per (session, body kind): the lists of its last stored request body.
         self._memos: OrderedDict[tuple[str, str], ListMemo] = OrderedDict()
         self._pending_blobs: list[bytes] = []
-        self._pending_bases: list[tuple[str, int, bytes]] = []
+        self._pending_bases: list[tuple[str, int, TokenRun]] = []
+        self._pending_closed: list[str] = []
         self._pending_memos: list[tuple[tuple[str, str], ListMemo]] = []
         self._healthy = True
         self._failed_ops = 0
@@ -294,6 +301,7 @@ class Writer:
         self._pending_blobs.clear()
         self._pending_bases.clear()
         self._pending_memos.clear()
+        self._pending_closed.clear()
         try:
             conn.execute("BEGIN IMMEDIATE")
             for op in ops:
@@ -322,6 +330,11 @@ class Writer:
             self._memos.move_to_end(memo_key)
         while len(self._memos) > 4096:
             self._memos.popitem(last=False)
+        for session_id in self._pending_closed:
+            # A closed session makes no more calls: its delta bases and memos serve nobody.
+            self._bases.drop(session_id)
+            self._memos.pop((session_id, "original"), None)
+            self._memos.pop((session_id, "engine"), None)
         return None
 
     def _apply(self, op: Op) -> None:
@@ -338,12 +351,13 @@ class Writer:
                     "UPDATE sessions SET closed_at = ? WHERE id = ? AND closed_at IS NULL",
                     (closed_at, session_id),
                 )
+                self._pending_closed.append(session_id)
             case AppendRecord(record=record):
                 self._insert_record(record, base=True)
-            case BeginRecord(record=record):
-                self._insert_record(record, base=False)
-            case FinishRecord(record=record):
-                self._finish_record(record)
+            case BeginRecord(record=record, prompt=prompt):
+                self._insert_record(record, base=False, prompt=prompt)
+            case FinishRecord(record=record, ids=ids):
+                self._finish_record(record, ids)
             case SetMeta(key=key, value=value):
                 conn.execute(
                     "INSERT INTO meta (key, value) VALUES (?, ?) "
@@ -378,17 +392,20 @@ class Writer:
             )
             self._pending_blobs.append(key)
 
-    def _insert_record(self, record: CompletionRecord, *, base: bool) -> None:
+    def _insert_record(
+        self, record: CompletionRecord, *, base: bool, prompt: bytes | None = None
+    ) -> None:
         sid = record.session_id
+        if prompt is None:
+            prompt = pack(record.prompt_ids)
         original, original_blobs, original_memo = split_body(
             record.original_request, self._memos.get((sid, "original"))
         )
         engine_body, engine_blobs, engine_memo = split_body(
-            record.engine_request, self._memos.get((sid, "engine")), record.prompt_ids
+            record.engine_request, self._memos.get((sid, "engine")), prompt
         )
         self._pending_memos += [((sid, "original"), original_memo), ((sid, "engine"), engine_memo)]
         self._insert_blobs(sid, original_blobs + engine_blobs)
-        prompt = pack_ids(record.prompt_ids)
         prompt_base, shared = self._bases.best(sid, prompt)
         values = (
             sid,
@@ -411,20 +428,24 @@ class Writer:
         rowid = cursor.lastrowid
         assert rowid is not None
         if base:
-            self._pending_bases.append((sid, rowid, prompt + pack_ids(record.output_ids)))
+            full = TokenRun.of(prompt).then(pack(record.output_ids))
+            self._pending_bases.append((sid, rowid, full))
 
-    def _finish_record(self, record: CompletionRecord) -> None:
+    def _finish_record(self, record: CompletionRecord, ids: TokenRun | None) -> None:
         row = self._conn.execute(
             "SELECT rowid, prompt_shared, length(prompt_tail) FROM records "
             "WHERE session_id = ? AND seq = ? AND attempt = ?",
             (record.session_id, record.seq, record.attempt),
         ).fetchone()
+        n = len(record.prompt_ids)
+        if ids is None or len(ids) != n + len(record.output_ids):
+            ids = TokenRun.of(pack(record.prompt_ids)).then(pack(record.output_ids))
         if row is None:  # never begun (a store opened afresh): write it whole
-            self._insert_record(record, base=True)
+            self._insert_record(record, base=True, prompt=ids.packed()[: n * WIDTH])
             return
         rowid, shared, tail_bytes = row
-        prompt = pack_ids(record.prompt_ids)
-        if shared + tail_bytes // 4 != len(record.prompt_ids):
+        if shared + tail_bytes // WIDTH != n:
+            prompt = ids.packed()[: n * WIDTH]
             # The prompt became known only from the engine (engine-rendered capture).
             prompt_base, shared = self._bases.best(record.session_id, prompt)
             self._conn.execute(
@@ -433,7 +454,7 @@ class Writer:
                 (prompt_base, shared, prompt[shared * 4 :], rowid),
             )
         self._update_outcome(rowid, record)
-        self._pending_bases.append((record.session_id, rowid, prompt + pack_ids(record.output_ids)))
+        self._pending_bases.append((record.session_id, rowid, ids))
 
     def _update_outcome(self, rowid: int, record: CompletionRecord) -> None:
         assignments = ", ".join(f"{column} = ?" for column in OUTCOME_COLUMNS)

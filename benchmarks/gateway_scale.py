@@ -1,0 +1,325 @@
+"""The gateway at RL scale: memory per session and CPU per call, side by side.
+
+    .venv/bin/python benchmarks/gateway.py --scale [--baseline DIR] [--rounds 10]
+
+Run by ``benchmarks/gateway.py --scale`` (which holds the fake engine and the
+client). Gateways run as ``polar gateway`` processes against the fake engine
+(vLLM's chat route for engine-rendered capture, its completions route with
+real Qwen3 ids for token-in/token-out). ``--baseline DIR`` names another
+source tree of Polar (for example today's main: ``mkdir DIR && git archive
+main src | tar -x -C DIR``); a second gateway then runs from ``DIR/src`` and
+every figure is printed for both, measured alternately in one run.
+
+* CPU per 1,000 calls: the gateway process's own CPU time (user + system,
+  all threads, from ``/proc/PID/stat``) over a batch of calls, so other load
+  on the machine does not count. Small calls: 64 sessions, 8 fresh
+  two-message calls each. Agent-sized: 8 sessions of 24 turns whose prompts
+  grow from about 36k to 37k tokens. Each capture mode, streamed and not.
+* Memory (``VmRSS``): 16 agent-sized sessions run to their end and stay open
+  (RSS per active session), then are closed; ``--rounds`` rounds, RSS after
+  each round against the RSS before the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway import ADMIN, OUTPUT_TOKENS, ROOT, Connection, _admin, _free_port, _wait
+
+CAPTURES = ("engine_rendered", "token_in_token_out")
+AGENT_SYSTEM_WORDS = 30_000  # about 36k tokens with the Qwen3 tokenizer
+AGENT_TURNS = 24
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Gateway:
+    name: str
+    port: int
+    process: subprocess.Popen[bytes]
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmRSS")
+
+    def session(self) -> tuple[str, str]:
+        created = _admin(self.port, "POST", "/admin/sessions")
+        return created["session_id"], created["api_key"]
+
+    def close(self, session_id: str) -> None:
+        import urllib.request
+
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/admin/sessions/{session_id}",
+            method="DELETE",
+            headers={"authorization": f"Bearer {ADMIN}"},
+        )
+        with urllib.request.urlopen(request):
+            pass
+
+
+@contextlib.contextmanager
+def _gateway(
+    name: str,
+    source: Path | None,
+    engine_port: int,
+    capture: str,
+    workdir: Path,
+    config: Path | None = None,
+) -> Iterator[Gateway]:
+    port = _free_port()
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = str(source / "src")
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "polar", "gateway", "--port", str(port),
+            "--admin-token", ADMIN, "--engine-url", f"http://127.0.0.1:{engine_port}",
+            "--engine-model", "m", "--store", str(workdir / f"{name}-{capture}.db"),
+            "--capture", capture, "--log-level", "error",
+            *(["--config", str(config)] if config is not None else []),
+        ],
+        cwd=ROOT if source is None else source,
+        env=env,
+    )  # fmt: skip
+    try:
+        _wait(port, timeout=300)  # start-up loads the tokenizer: slow on a loaded machine
+        yield Gateway(name, port, process)
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+# ---------------------------------------------------------------- clients
+
+
+def _words(rng: random.Random, n: int) -> str:
+    vocabulary = [
+        "file", "return", "value", "error", "test", "function", "module", "import",
+        "class", "self", "data", "path", "line", "print", "result", "config", "build",
+        "check", "patch", "diff", "commit", "branch", "merge", "index", "cache", "token",
+    ]  # fmt: skip
+    return " ".join(rng.choice(vocabulary) + str(rng.randrange(100)) for _ in range(n))
+
+
+def _content(reply: bytes, stream: bool) -> str:
+    if not stream:
+        return json.loads(reply)["choices"][0]["message"].get("content") or ""
+    out = []
+    for line in reply.split(b"\n"):
+        if line.startswith(b"data: {"):
+            for choice in json.loads(line[6:]).get("choices") or ():
+                out.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(out)
+
+
+def _body(messages: list[dict], stream: bool) -> bytes:
+    return json.dumps(
+        {
+            "model": "m",
+            "messages": messages,
+            "stream": stream,
+            "max_tokens": OUTPUT_TOKENS,
+            "logprobs": True,
+            "top_logprobs": 0,
+            **({"stream_options": {"include_usage": True}} if stream else {}),
+        }
+    ).encode()
+
+
+async def _agent(port: int, key: str, system: str, stream: bool, seed: int) -> int:
+    """One agent-sized session: each turn resends the conversation, answers
+    included, and adds a tool result of about 50 tokens."""
+    rng = random.Random(seed)
+    conn = Connection(port)
+    auth = {"authorization": f"Bearer {key}"}
+    messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": f"task {seed}: " + _words(rng, 40)},
+    ]
+    for _ in range(AGENT_TURNS):
+        _, _, reply = await conn.post("/v1/chat/completions", _body(messages, stream), auth)
+        messages.append({"role": "assistant", "content": _content(reply, stream)})
+        messages.append({"role": "user", "content": "tool output: " + _words(rng, 40)})
+    assert conn.writer is not None
+    conn.writer.close()
+    return AGENT_TURNS
+
+
+async def _small(port: int, key: str, stream: bool, calls: int) -> int:
+    conn = Connection(port)
+    messages = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "hi"},
+    ]
+    for _ in range(calls):
+        await conn.post(
+            "/v1/chat/completions", _body(messages, stream), {"authorization": f"Bearer {key}"}
+        )
+    assert conn.writer is not None
+    conn.writer.close()
+    return calls
+
+
+def _cpu_per_1000(gateway: Gateway, size: str, stream: bool, system: str, seed: int) -> float:
+    """Gateway CPU-seconds per 1,000 calls over one batch (its sessions closed after)."""
+    count = 64 if size == "small" else 8
+    sessions = [gateway.session() for _ in range(count)]
+
+    async def batch() -> int:
+        if size == "small":
+            runs = [_small(gateway.port, key, stream, 8) for _, key in sessions]
+        else:
+            runs = [
+                _agent(gateway.port, key, system, stream, seed + i)
+                for i, (_, key) in enumerate(sessions)
+            ]
+        return sum(await asyncio.gather(*runs))
+
+    before = gateway.cpu_s()
+    calls = asyncio.run(batch())
+    spent = gateway.cpu_s() - before
+    for session_id, _ in sessions:
+        gateway.close(session_id)
+    return spent / calls * 1000
+
+
+def _open_sessions(gateway: Gateway, system: str, count: int, seed: int) -> list[str]:
+    """Run ``count`` agent-sized sessions to their end; returns their ids (still open)."""
+    opened = [gateway.session() for _ in range(count)]
+
+    async def run() -> None:
+        await asyncio.gather(
+            *(
+                _agent(gateway.port, key, system, True, seed + i)
+                for i, (_, key) in enumerate(opened)
+            )
+        )
+
+    asyncio.run(run())
+    return [session_id for session_id, _ in opened]
+
+
+def _close(gateway: Gateway, session_ids: list[str]) -> float:
+    for session_id in session_ids:
+        gateway.close(session_id)
+    time.sleep(0.5)  # the store's writer applies the closes
+    return gateway.rss_mb()
+
+
+def _memory(gateway: Gateway, system: str, rounds: int, sessions: int = 16) -> list[str]:
+    """A warm-up round (the process's first use of its caches and allocator
+    arenas), then two groups of sessions left open (the second group's growth
+    is what an active session holds), then rounds of sessions closed after use."""
+    name = f"  {gateway.name:<9}"
+    start = gateway.rss_mb()
+    warm = _close(gateway, _open_sessions(gateway, system, sessions, 0))
+    first = _open_sessions(gateway, system, sessions, 1000)
+    one = gateway.rss_mb()
+    second = _open_sessions(gateway, system, sessions, 2000)
+    two = gateway.rss_mb()
+    lines = [
+        f"{name} RSS at start {start:,.0f} MB, after a warm-up round of {sessions} closed "
+        f"sessions {warm:,.0f} MB (the baseline)",
+        f"{name} {sessions} sessions open {one:,.0f} MB, {2 * sessions} open {two:,.0f} MB: "
+        f"{(two - one) / sessions:,.2f} MB per active session "
+        f"({(one - warm) / sessions:,.2f} MB for the first {sessions})",
+    ]
+    closed = _close(gateway, first + second)
+    lines.append(
+        f"{name} all closed {closed:,.0f} MB ({(closed - warm) / warm:+.1%} from baseline)"
+    )
+    for r in range(rounds):
+        closed = _close(gateway, _open_sessions(gateway, system, sessions, 10_000 * (r + 1)))
+        lines.append(
+            f"{name} round {r + 1:>2} of {sessions} sessions closed after use: {closed:,.0f} MB "
+            f"({(closed - warm) / warm:+.1%} from baseline)"
+        )
+    return lines
+
+
+def main(
+    baseline: Path | None,
+    rounds: int,
+    baseline_rounds: int,
+    modes: list[str],
+    parts: list[str],
+    config: Path | None = None,
+) -> None:
+    """``config``: a YAML gateway config for this tree's gateway (e.g.
+    ``gc_young_threshold: 700`` to see what the collector's tuning buys)."""
+    engine_port = _free_port()
+    engine = subprocess.Popen(
+        [sys.executable, str(ROOT / "benchmarks/gateway.py"), "--serve-engine", str(engine_port)]
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="polar-bench-scale-"))
+    system = _words(random.Random(7), AGENT_SYSTEM_WORDS)
+    variants: list[tuple[str, Path | None]] = [("this", None)]
+    if baseline is not None:
+        variants.insert(0, ("baseline", baseline))
+    try:
+        _wait(engine_port, "/")
+        print(
+            f"cores={os.cpu_count()}; gateway CPU-seconds per 1,000 calls (its own user+system "
+            f"time); small: 64 sessions x 8 calls; agent: 8 sessions x {AGENT_TURNS} turns, "
+            f"prompts ~36-37k tokens"
+        )
+        for capture in modes:
+            with contextlib.ExitStack() as stack:
+                gateways = [
+                    stack.enter_context(
+                        _gateway(
+                            name,
+                            source,
+                            engine_port,
+                            capture,
+                            workdir,
+                            config if source is None else None,
+                        )
+                    )
+                    for name, source in variants
+                ]
+                for size in ("small", "agent") if "cpu" in parts else ():
+                    for stream in (False, True):
+                        figures = [
+                            _cpu_per_1000(g, size, stream, system, seed=10_000 * k)
+                            for k, g in enumerate(gateways)
+                        ]
+                        row = "  ".join(
+                            f"{g.name} {f:7.2f}" for g, f in zip(gateways, figures, strict=True)
+                        )
+                        ratio = (
+                            f"  ({figures[0] / figures[1]:.2f}x less)" if len(figures) == 2 else ""
+                        )
+                        print(
+                            f"{capture:<19} {size:<6} {'stream' if stream else 'whole':<7} "
+                            f"{row}{ratio}",
+                            flush=True,
+                        )
+                for g in gateways if "memory" in parts else ():
+                    n = baseline_rounds if g.name == "baseline" else rounds
+                    if n < 0:
+                        continue
+                    print(f"memory, {capture}:", flush=True)
+                    for line in _memory(g, system, n):
+                        print(line, flush=True)
+    finally:
+        engine.terminate()
+        engine.wait(10)
