@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from polar.cli.errors import fail
+from polar.harness.install import DEFAULT_CACHE_DIR
 
 app = typer.Typer(help="Build local models.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -49,7 +50,7 @@ def warm_up_command(
     ] = None,
     cache: Annotated[
         Path, typer.Option(help="The harness cache (`polar harness install`).")
-    ] = Path(".cache/harness"),
+    ] = DEFAULT_CACHE_DIR,
     seed: Annotated[int, typer.Option(help="Random seed of the fine-tune.")] = 0,
 ) -> None:
     """Teach the tiny model the tool-call format and each agent CLI's tool protocol.
