@@ -13,18 +13,13 @@ of a plug-in, running past the budget, a reward outside [0, 1]) into an
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import importlib
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
-import pydantic
-
+from polar.plugins import build, load_factory
 from polar.reward.base import EvalContext, EvalResult, Evaluator, EvaluatorError
 from polar.runtime.errors import RuntimeFailure
 from polar.tasks.model import EvaluatorSpec
-from polar.tasks.parse import describe
 
 EVALUATORS: Mapping[str, str] = {
     "command": "polar.reward.command:CommandEvaluator",
@@ -54,23 +49,14 @@ class EvaluatorTimeout(EvaluatorError):
 
 def load_evaluator(spec: EvaluatorSpec) -> Evaluator:
     """The evaluator ``spec.kind`` names, built from ``spec.config``."""
-    factory = _factory(spec.kind)
-    config = dict(spec.config)
-    try:
-        if dataclasses.is_dataclass(factory) and isinstance(factory, type):
-            known = {f.name for f in dataclasses.fields(factory) if f.init}
-            unknown = sorted(set(config) - known)
-            if unknown:
-                raise InvalidEvaluatorConfig(
-                    f"evaluator {spec.kind}: unknown config {unknown}; it takes {sorted(known)}"
-                )
-            evaluator = pydantic.TypeAdapter(factory).validate_python(config)
-        else:
-            evaluator = factory(**config)
-    except pydantic.ValidationError as exc:
-        raise InvalidEvaluatorConfig(f"evaluator {spec.kind}: {describe(exc)}") from None
-    except TypeError as exc:
-        raise InvalidEvaluatorConfig(f"evaluator {spec.kind}: {exc}") from None
+    factory = load_factory(spec.kind, kind="evaluator", known=EVALUATORS, error=UnknownEvaluator)
+    evaluator = build(
+        factory,
+        spec.config,
+        label=f"evaluator {spec.kind}",
+        noun="config",
+        error=InvalidEvaluatorConfig,
+    )
     if not isinstance(evaluator, Evaluator):
         raise UnknownEvaluator(
             f"evaluator {spec.kind} returned {type(evaluator).__name__}, "
@@ -102,21 +88,3 @@ async def evaluate(ctx: EvalContext, evaluator: Evaluator | None = None) -> Eval
     if not (math.isfinite(result.reward) and 0.0 <= result.reward <= 1.0):
         raise EvaluatorError(f"evaluator {kind} returned reward {result.reward}, not in [0, 1]")
     return result
-
-
-def _factory(ref: str) -> Callable[..., Any]:
-    path = EVALUATORS.get(ref, ref)
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise UnknownEvaluator(
-            f"unknown evaluator {ref!r}; "
-            f"use one of {sorted(EVALUATORS)} or 'package.module:factory'"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UnknownEvaluator(f"evaluator {ref}: cannot import {module_name} ({exc})") from None
-    factory: object = getattr(module, attr, None)
-    if not callable(factory):
-        raise UnknownEvaluator(f"evaluator {ref}: {module_name} has no callable {attr!r}")
-    return factory

@@ -23,7 +23,6 @@ that, called with a :class:`BuildConfig`, returns an object with ``name`` and
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from polar.ir import CompletionRecord, FinishReason
+from polar.plugins import load_factory
 from polar.trajectory.chains import Link, form_chains, link_calls, logprobs_of, segments, select
 from polar.trajectory.classify import ClassConfig, Decode, RuleClaims, classify
 from polar.trajectory.errors import BuildInputError, UnknownBuilder
@@ -315,16 +315,4 @@ BUILDERS: Mapping[str, BuilderFactory] = MappingProxyType(
 
 def resolve_builder(name: str) -> BuilderFactory:
     """A builder by name (``per_request``, ``prefix_merge``) or ``module:attribute``."""
-    if name in BUILDERS:
-        return BUILDERS[name]
-    if ":" not in name:
-        raise UnknownBuilder(f"unknown builder {name!r} (known: {', '.join(sorted(BUILDERS))})")
-    module_name, _, attribute = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UnknownBuilder(f"builder {name!r}: cannot import {module_name!r} ({exc})") from None
-    factory = getattr(module, attribute, None)
-    if not callable(factory):
-        raise UnknownBuilder(f"builder {name!r}: {module_name} has no callable {attribute!r}")
-    return factory  # type: ignore[no-any-return]
+    return load_factory(name, kind="builder", known=BUILDERS, error=UnknownBuilder)

@@ -8,12 +8,12 @@ capture) or a :class:`~polar.proxy.engines.base.TokenEngine`
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.ir import CaptureMode
+from polar.plugins import load_factory
 from polar.proxy.capture import Capture, EngineRendered, GatewayRendered, Reparse
 from polar.proxy.config import ConfigError, EngineConfig, GatewayConfig
 from polar.proxy.engines.base import ChatEngine, TokenEngine
@@ -41,36 +41,33 @@ def _transport(config: EngineConfig) -> EngineTransport:
     )
 
 
-CHAT_ENGINES: dict[str, Callable[[EngineConfig], ChatEngine]] = {
+CHAT_ENGINES: Mapping[str, Callable[[GatewayConfig], ChatEngine]] = {
     "vllm": lambda c: VllmChatEngine(
-        _transport(c), model=c.model, template_kwargs=c.template_kwargs
+        _transport(c.engine), model=c.engine.model, template_kwargs=c.engine.template_kwargs
     ),
     "sglang": lambda c: SglangChatEngine(
-        _transport(c), model=c.model, template_kwargs=c.template_kwargs
+        _transport(c.engine), model=c.engine.model, template_kwargs=c.engine.template_kwargs
     ),
 }
 
-TOKEN_ENGINES: dict[str, Callable[[EngineConfig], TokenEngine]] = {
-    "vllm": lambda c: VllmTokenEngine(_transport(c), model=c.model),
-    "embedded": lambda c: VllmTokenEngine(_transport(c), model=c.model, name="embedded"),
-    "sglang": lambda c: SglangTokenEngine(_transport(c), model=c.model),
+TOKEN_ENGINES: Mapping[str, Callable[[GatewayConfig], TokenEngine]] = {
+    "vllm": lambda c: VllmTokenEngine(_transport(c.engine), model=c.engine.model),
+    "embedded": lambda c: VllmTokenEngine(
+        _transport(c.engine), model=c.engine.model, name="embedded"
+    ),
+    "sglang": lambda c: SglangTokenEngine(_transport(c.engine), model=c.engine.model),
 }
+"""Built-in engines by capture mode; a plug-in factory is called the same way,
+with the whole gateway config."""
 
 
-def _plugin(kind: str) -> Callable[[GatewayConfig], Any]:
-    module_name, _, attr = kind.partition(":")
-    if not attr:
-        raise ConfigError(
-            f"engine.kind: unknown engine {kind!r}; use one of "
-            f"{sorted(set(CHAT_ENGINES) | set(TOKEN_ENGINES))} or 'package.module:factory'"
-        )
-    try:
-        factory: Callable[[GatewayConfig], Any] = getattr(
-            importlib.import_module(module_name), attr
-        )
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"engine.kind: cannot load {kind!r} ({exc})") from None
-    return factory
+def _engine(kind: str, builtins: Mapping[str, object]) -> Callable[[GatewayConfig], Any]:
+    return load_factory(
+        kind,
+        kind="engine",
+        known=builtins,
+        error=lambda message: ConfigError(f"engine.kind: {message}"),
+    )
 
 
 def load_tokenizer(path: str) -> Any:
@@ -106,7 +103,7 @@ def build_capture(
             raise ConfigError(
                 "engine.kind: the embedded engine takes token ids; use capture: token_in_token_out"
             )
-        chat = CHAT_ENGINES[kind](config.engine) if kind in CHAT_ENGINES else _plugin(kind)(config)
+        chat = _engine(kind, CHAT_ENGINES)(config)
         if config.render.engine_output == "engine_parser":
             return EngineRendered(chat, context=context)
         template = template or _template(config)
@@ -119,7 +116,7 @@ def build_capture(
                 stop_token_ids=(template.end_of_turn_id, *config.render.stop_token_ids),
             ),
         )
-    tokens = TOKEN_ENGINES[kind](config.engine) if kind in TOKEN_ENGINES else _plugin(kind)(config)
+    tokens = _engine(kind, TOKEN_ENGINES)(config)
     return GatewayRendered(
         template or _template(config),
         tokens,
