@@ -34,7 +34,7 @@ import pytest
 
 from polar.bridges.rollouts import BridgeError
 from polar.bridges.slime import SlimeRollout, generate_rollout, slime_samples, slime_shape
-from polar.proxy.config import ConfigError
+from polar.configfile import ConfigError
 from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.trajectory import ChainClass, TurnSpan, row_of
 from polar.trajectory import Sample as PolarSample

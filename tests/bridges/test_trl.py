@@ -33,7 +33,7 @@ from polar.bridges.trl import (
     rollout_func,
     trl_fields,
 )
-from polar.proxy.config import ConfigError
+from polar.configfile import ConfigError
 from polar.rollout.protocol import SessionResult, SessionStatus
 
 from support.bridges import BridgeStack, Expected, expected_from_records

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from polar.proxy.config import ConfigError
+from polar.configfile import ConfigError
 from polar.train.config import load_train_config
 from polar.train.reload import WeightSyncError
 from polar.train.trainer import train

@@ -14,8 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from polar.proxy.config import ConfigError
-from polar.rollout.config import load_config
+from polar.configfile import ConfigError, load_config
 from polar.rollout.protocol import HarnessSpec
 
 C = TypeVar("C", bound="BridgeConfig")

@@ -50,7 +50,7 @@ from polar.bridges.rollouts import (
     SessionSample,
     group_sessions,
 )
-from polar.proxy.config import ConfigError, describe_error
+from polar.configfile import ConfigError, describe_error
 from polar.rollout.http import ApiError, body_of, error_response, not_found
 from polar.trajectory import Sample
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polar.bridges.config import BridgeConfig, TraceChoice
-from polar.proxy.config import ConfigError
+from polar.configfile import ConfigError
 from polar.rollout.client import RolloutClient, RolloutError
 from polar.rollout.protocol import SessionResult, SessionStatus, TaskResult, TaskSubmission
 from polar.tasks import Task, TaskLoadError, load_tasks

@@ -46,7 +46,7 @@ from polar.bridges.rollouts import (
     current_sessions,
     traces_of,
 )
-from polar.proxy.config import ConfigError
+from polar.configfile import ConfigError
 from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.trajectory import Sample as PolarSample
 

@@ -8,8 +8,9 @@ from typing import Annotated, Any
 import typer
 
 from polar.cli.errors import configure_logging, fail
+from polar.configfile import ConfigError
 from polar.ir import CaptureMode
-from polar.proxy.config import ConfigError, GatewayConfig, load_gateway_config
+from polar.proxy.config import GatewayConfig, load_gateway_config
 
 
 def _overrides(**flags: Any) -> dict[str, Any]:

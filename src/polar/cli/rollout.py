@@ -18,8 +18,8 @@ import typer
 from pydantic import BaseModel, ConfigDict
 
 from polar.cli.errors import configure_logging, fail
-from polar.proxy.config import ConfigError, merge
-from polar.rollout.config import NodeConfig, ServerConfig, load_config, read_yaml
+from polar.configfile import ConfigError, load_config, merge, read_yaml
+from polar.rollout.config import NodeConfig, ServerConfig
 
 M = TypeVar("M", bound=BaseModel)
 TOKEN_ENV = "POLAR_CONTROL_TOKEN"
@@ -276,7 +276,7 @@ def submit(
             for t in loaded
         ]
     except ValidationError as exc:
-        from polar.proxy.config import describe_error
+        from polar.configfile import describe_error
 
         fail("submit", describe_error(exc))
     with _client(server, token) as client:

@@ -77,7 +77,7 @@ def generate(
     """Generate SFT data: attempts through the rollout service, judged, exported."""
     from pydantic import ValidationError
 
-    from polar.proxy.config import ConfigError, describe_error
+    from polar.configfile import ConfigError, describe_error
     from polar.rollout.client import RolloutClient, RolloutError
     from polar.rollout.protocol import HarnessSpec
     from polar.sft.accept import AcceptError
@@ -147,7 +147,7 @@ def generate(
 def _service_config(
     config: Path | None, engine_url: str | None, engine_kind: str | None, model: str | None
 ) -> ServeConfig:
-    from polar.proxy.config import merge
+    from polar.configfile import merge
 
     data = merge(read_config("generate", config), {"server": {}, "node": {}})
     for section in ("server", "node"):
@@ -249,7 +249,7 @@ def sft(
     """Supervised fine-tuning on a token export; loss per step in OUT/loss.jsonl."""
     from pydantic import ValidationError
 
-    from polar.proxy.config import describe_error
+    from polar.configfile import describe_error
     from polar.sft.train import FinetuneConfig, FinetuneError, finetune
 
     try:

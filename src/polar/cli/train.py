@@ -20,7 +20,7 @@ def train(
     ] = None,
 ) -> None:
     """Train a policy with GRPO on groups from a rollout server, pushing weights to the engines."""
-    from polar.proxy.config import ConfigError
+    from polar.configfile import ConfigError
     from polar.rollout.client import RolloutError
     from polar.train.checkpoint import CheckpointError
     from polar.train.config import load_train_config

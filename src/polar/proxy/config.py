@@ -10,14 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from polar.configfile import load_config
 from polar.ir import CaptureMode
-
-
-class ConfigError(Exception):
-    """A configuration problem, phrased for a one-line CLI message."""
 
 
 class _Section(BaseModel):
@@ -216,48 +212,6 @@ class GatewayConfig(_Section):
     )
 
 
-def describe_error(error: ValidationError) -> str:
-    """First validation problem as ``dotted.field: message``."""
-    first = error.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "config"
-    message = first["msg"]
-    if first["type"] == "missing":
-        message = "field required"
-    elif first["type"] == "extra_forbidden":
-        message = "unknown field"
-    return f"{where}: {message}"
-
-
-def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def load_gateway_config(path: Path | None, overrides: dict[str, Any]) -> GatewayConfig:
     """Read the YAML file (if any), apply flag overrides, validate once."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{path}:{where} not valid YAML") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-        data = loaded
-    data = merge(data, overrides)
-    try:
-        return GatewayConfig.model_validate(data)
-    except ValidationError as exc:
-        prefix = f"{path}: " if path is not None else ""
-        raise ConfigError(prefix + describe_error(exc)) from None
+    return load_config(GatewayConfig, path, overrides)

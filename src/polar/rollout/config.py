@@ -16,19 +16,17 @@ sandbox). A task may ask for tighter limits, never looser ones.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     model_validator,
 )
 
-from polar.proxy.config import ConfigError, GatewayConfig, describe_error, merge
+from polar.proxy.config import GatewayConfig
 from polar.rollout.protocol import ID_PATTERN, NodeCapacity
 from polar.runtime.base import RuntimeSpec
 
@@ -145,26 +143,3 @@ class ServerConfig(_Section):
     dispatch_interval_s: float = Field(default=0.2, gt=0)
     callback_attempts: int = Field(default=4, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    """A YAML file's top-level mapping ({} for an empty file); one-line errors."""
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-    except yaml.YAMLError:
-        raise ConfigError(f"{path}: not valid YAML") from None
-    if loaded is not None and not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    return loaded or {}
-
-
-def load_config(model: type[M], path: Path | None, overrides: dict[str, Any]) -> M:
-    """Read a YAML file (if any), apply ``overrides`` (nested dicts), validate once."""
-    data = merge(read_yaml(path) if path is not None else {}, overrides)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        prefix = f"{path}: " if path is not None else ""
-        raise ConfigError(prefix + describe_error(exc)) from None

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from polar.proxy.config import describe_error
+from polar.configfile import describe_error
 
 M = TypeVar("M", bound=BaseModel)
 

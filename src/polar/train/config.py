@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from polar.rollout.config import load_config
+from polar.configfile import load_config
 from polar.rollout.protocol import HarnessSpec
 from polar.train.grpo import Aggregation, Baseline, MissingLogprob
 

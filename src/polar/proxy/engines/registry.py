@@ -12,10 +12,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from polar.assets import QWEN3_TOKENIZER_DIR
+from polar.configfile import ConfigError
 from polar.ir import CaptureMode
 from polar.plugins import load_factory
 from polar.proxy.capture import Capture, EngineRendered, GatewayRendered, Reparse
-from polar.proxy.config import ConfigError, EngineConfig, GatewayConfig
+from polar.proxy.config import EngineConfig, GatewayConfig
 from polar.proxy.engines.base import ChatEngine, TokenEngine
 from polar.proxy.engines.sglang import SglangChatEngine
 from polar.proxy.engines.sglang_tokens import SglangTokenEngine
