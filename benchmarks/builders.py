@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.ir import (
     CaptureMode,
     CompletionRecord,
@@ -154,9 +153,9 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(n) for n in args.turns.split(",")]
 
-    from transformers import AutoTokenizer
+    from polar.tokenizer import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(QWEN3_TOKENIZER_DIR))
+    tokenizer = load_tokenizer()
     template = ChatTemplate(tokenizer)
     config = BuildConfig(turns=TurnFormat.from_tokenizer(tokenizer))
     merge, single = PrefixMerge(config), PerRequest(config)

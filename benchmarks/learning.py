@@ -471,16 +471,14 @@ def main(argv: list[str] | None = None) -> int:
         args.groups_per_step, args.eval_every, args.eval_group_size, args.train_eval = 1, 1, 2, 3
         args.sft_steps = 3
 
-    from transformers import AutoTokenizer
-
-    from polar.assets import QWEN3_TOKENIZER_DIR
     from polar.tasks.model import Task
     from polar.tinymodel import build_tiny_model
+    from polar.tokenizer import load_tokenizer
 
     started = time.monotonic()
     root = args.out.resolve()
     root.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(QWEN3_TOKENIZER_DIR))
+    tokenizer = load_tokenizer()
     model = build_tiny_model(root / "tiny-model")
     train_rows, held_rows = make_tasks(
         root / "tasks", names=args.names, heldout=args.heldout, seed=args.seed

@@ -23,7 +23,6 @@ import json
 import statistics
 import time
 
-from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.ir import Message, Role, TextPart, ToolCall, ToolSpec
 from polar.proxy.render.splice import PastCall, Transcript, plan_prompt
 from polar.proxy.render.template import ChatTemplate
@@ -84,9 +83,9 @@ def main() -> None:
     parser.add_argument("--tool-output-chars", type=int, default=2400)
     args = parser.parse_args()
 
-    from transformers import AutoTokenizer
+    from polar.tokenizer import load_tokenizer
 
-    template = ChatTemplate(AutoTokenizer.from_pretrained(str(QWEN3_TOKENIZER_DIR)))
+    template = ChatTemplate(load_tokenizer())
     calls = session(args.turns, args.tool_output_chars)
     transcript = Transcript()
     splice_s: list[float] = []

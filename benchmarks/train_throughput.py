@@ -36,7 +36,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from builders import play
-from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.ir import CaptureMode
 from polar.proxy.render.template import ChatTemplate
 from polar.tinymodel import build_tiny_model
@@ -91,9 +90,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(str(QWEN3_TOKENIZER_DIR))
+    from polar.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer()
     template = ChatTemplate(tokenizer)
     config = BuildConfig(turns=TurnFormat.from_tokenizer(tokenizer))
     builders = {"per_request": PerRequest(config), "prefix_merge": PrefixMerge(config)}

@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.proxy.engines.scripted import Script, SessionScripts, script_from_dict
-from polar.proxy.engines.scripted.server import load_tokenizer
 from polar.proxy.render.template import ChatTemplate
+from polar.tokenizer import load_tokenizer
 
 from support.paths import FIXTURES, REPO, SHARED
 from support.stack import Stack
@@ -21,7 +20,7 @@ __all__ = ["FIXTURES", "REPO", "SHARED"]
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Any:
-    return load_tokenizer(QWEN3_TOKENIZER_DIR)
+    return load_tokenizer()
 
 
 @pytest.fixture(scope="session")

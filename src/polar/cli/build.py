@@ -135,13 +135,12 @@ def _tokenizer(path: Path | None) -> Any:
     directory = path or QWEN3_TOKENIZER_DIR
     if not (directory / "tokenizer_config.json").is_file():
         fail("build", f"no tokenizer in {directory} (no tokenizer_config.json)")
-    from transformers import AutoTokenizer
+    from polar.tokenizer import TokenizerLoadError, load_tokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(directory))
-    except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        fail("build", f"{directory}: cannot load the tokenizer ({first})")
+        return load_tokenizer(directory)
+    except TokenizerLoadError as exc:
+        fail("build", str(exc))
 
 
 def _decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:

@@ -191,9 +191,9 @@ def _exchange(client: Any, tool: Any, system: str) -> None:
 
 
 def _print_records(records: list[Any], tokenizer_dir: Path) -> None:
-    from transformers import AutoTokenizer
+    from polar.tokenizer import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tokenizer = load_tokenizer(tokenizer_dir)
     typer.echo(f"[6/6] {len(records)} record(s) stored")
     for r in records:
         lineage = r.lineage

@@ -87,7 +87,7 @@ def scripted(
     import uvicorn
 
     from polar.proxy.engines.scripted import ScriptedEngine, ScriptError, load_script
-    from polar.proxy.engines.scripted.server import load_tokenizer
+    from polar.tokenizer import load_tokenizer
 
     try:
         parsed = load_script(script)

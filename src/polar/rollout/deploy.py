@@ -32,12 +32,10 @@ from polar.trajectory import BuildConfig, TurnFormat
 
 def build_config_for(tokenizer_dir: Path | None) -> BuildConfig:
     """Trajectory building for the model whose tokenizer the gateway renders with."""
-    from transformers import AutoTokenizer
-
-    from polar.assets import QWEN3_TOKENIZER_DIR
     from polar.proxy.render.tokens import TokenText
+    from polar.tokenizer import load_tokenizer
 
-    tokenizer: Any = AutoTokenizer.from_pretrained(str(tokenizer_dir or QWEN3_TOKENIZER_DIR))
+    tokenizer = load_tokenizer(tokenizer_dir)
     return BuildConfig(
         turns=TurnFormat.from_tokenizer(tokenizer), decode=TokenText(tokenizer).decode
     )

@@ -121,7 +121,9 @@ def data_file(path: Path) -> Path:
 def finetune(config: FinetuneConfig, *, progress: bool = False) -> FinetuneReport:
     """Train ``config.model`` on ``config.data``; write the result to ``config.out``."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from polar.tokenizer import load_tokenizer
 
     started = time.monotonic()
     check_out(config)
@@ -142,7 +144,7 @@ def finetune(config: FinetuneConfig, *, progress: bool = False) -> FinetuneRepor
     device = _device(config.device, torch)
     dtype = _dtype(config.dtype, device, torch)
     torch.manual_seed(config.seed)
-    tokenizer: Any = AutoTokenizer.from_pretrained(str(config.model))
+    tokenizer = load_tokenizer(config.model)
     model: Any = AutoModelForCausalLM.from_pretrained(str(config.model), dtype=dtype).to(device)
     vocab = model.get_output_embeddings().weight.shape[0]
     too_big = max(max(r.input_ids) for r in kept)

@@ -98,10 +98,10 @@ def rehearse(
     from polar.proxy.app import create_app
     from polar.proxy.config import GatewayConfig
     from polar.proxy.engines.scripted import Script, ScriptedEngine
-    from polar.proxy.engines.scripted.server import load_tokenizer
     from polar.proxy.gateway import Gateway
     from polar.proxy.store import SqliteStore
     from polar.serverthread import ServerThread
+    from polar.tokenizer import load_tokenizer
 
     exchange = SHELL_EXCHANGES.get(name)
     if exchange is None:

@@ -285,11 +285,13 @@ def warm_up(
     if is_warmed(out, spec, base, rehearsed_from):
         return {"kept": str(out)}
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from polar.tokenizer import load_tokenizer
 
     torch.manual_seed(spec.seed)
     rng = random.Random(spec.seed)
-    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    tokenizer = load_tokenizer(base)
     long = [long_example(prompt, output, spec.tail) for prompt, output in rehearsed]
     # Rehearsed calls teach the format on their own; the synthetic dialogues only
     # when there are none (the demo's model).

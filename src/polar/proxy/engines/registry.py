@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.configfile import ConfigError
 from polar.ir import CaptureMode
 from polar.plugins import load_factory
@@ -27,6 +26,7 @@ from polar.proxy.maxtokens import ContextWindow, context_from_models
 from polar.proxy.offload import Offload
 from polar.proxy.render.parse import ParserOptions, ToolFormat
 from polar.proxy.render.template import ChatTemplate
+from polar.tokenizer import TokenizerLoadError, load_tokenizer
 
 
 def _transport(config: EngineConfig) -> EngineTransport:
@@ -69,12 +69,6 @@ def _engine(kind: str, builtins: Mapping[str, object]) -> Callable[[GatewayConfi
         known=builtins,
         error=lambda message: ConfigError(f"engine.kind: {message}"),
     )
-
-
-def load_tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
 
 
 def context_window(config: EngineConfig) -> ContextWindow:
@@ -130,13 +124,10 @@ def build_capture(
 
 def _template(config: GatewayConfig) -> ChatTemplate:
     render = config.render
-    path = render.tokenizer or QWEN3_TOKENIZER_DIR
     try:
-        tokenizer = load_tokenizer(str(path))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"render.tokenizer: cannot load a tokenizer from {path} ({exc})"
-        ) from None
+        tokenizer = load_tokenizer(render.tokenizer)
+    except TokenizerLoadError as exc:
+        raise ConfigError(f"render.tokenizer: {exc}") from None
     try:
         return ChatTemplate(
             tokenizer, template_kwargs=render.template_kwargs, end_of_turn=render.end_of_turn
