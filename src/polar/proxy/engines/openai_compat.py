@@ -36,6 +36,7 @@ from polar.proxy.engines.replies import (
     optional_text,
     text,
 )
+from polar.proxy.engines.sampling import sampling_params
 from polar.proxy.errors import EngineProtocolError
 from polar.proxy.logtext import brief
 
@@ -143,24 +144,7 @@ def chat_body(
             body["tool_choice"] = choice.mode.value
     if request.parallel_tool_calls is not None and request.tools:
         body["parallel_tool_calls"] = request.parallel_tool_calls
-    s = request.sampling
-    for key, value in (
-        ("max_tokens", s.max_tokens),
-        ("temperature", s.temperature),
-        ("top_p", s.top_p),
-        ("top_k", s.top_k),
-        ("min_p", s.min_p),
-        ("presence_penalty", s.presence_penalty),
-        ("frequency_penalty", s.frequency_penalty),
-        ("repetition_penalty", s.repetition_penalty),
-        ("seed", s.seed),
-    ):
-        if value is not None:
-            body[key] = value
-    if s.stop:
-        body["stop"] = list(s.stop)
-    if s.logit_bias:
-        body["logit_bias"] = {str(token): bias for token, bias in s.logit_bias.items()}
+    body.update(sampling_params(request.sampling))
     if request.response_format is not None:
         body["response_format"] = dict(request.response_format)
     kwargs = {**template_kwargs, **request.template_kwargs}

@@ -25,6 +25,7 @@ from polar.proxy.engines.replies import (
     stop_reason,
     token_ids,
 )
+from polar.proxy.engines.sampling import SGLANG_NATIVE_NAMES, sampling_params
 from polar.proxy.engines.sglang import output_triples
 from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.errors import EngineProtocolError
@@ -33,25 +34,11 @@ GENERATE_PATH = "/generate"
 
 
 def generate_body(request: TokenRequest) -> dict[str, Any]:
-    s = request.sampling
-    params: dict[str, Any] = {"skip_special_tokens": False, "no_stop_trim": True}
-    for key, value in (
-        ("max_new_tokens", s.max_tokens),
-        ("temperature", s.temperature),
-        ("top_p", s.top_p),
-        ("top_k", s.top_k),
-        ("min_p", s.min_p),
-        ("presence_penalty", s.presence_penalty),
-        ("frequency_penalty", s.frequency_penalty),
-        ("repetition_penalty", s.repetition_penalty),
-        ("sampling_seed", s.seed),
-    ):
-        if value is not None:
-            params[key] = value
-    if s.stop:
-        params["stop"] = list(s.stop)
-    if s.logit_bias:
-        params["logit_bias"] = {str(token): bias for token, bias in s.logit_bias.items()}
+    params: dict[str, Any] = {
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+        **sampling_params(request.sampling, SGLANG_NATIVE_NAMES),
+    }
     if request.stop_token_ids:
         params["stop_token_ids"] = list(request.stop_token_ids)
     return {

@@ -27,6 +27,7 @@ from polar.proxy.engines.replies import (
     text,
     token_ids,
 )
+from polar.proxy.engines.sampling import sampling_params
 from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.errors import EngineProtocolError
 
@@ -34,7 +35,6 @@ COMPLETIONS_PATH = "/v1/completions"
 
 
 def completion_body(request: TokenRequest, *, model: str) -> dict[str, Any]:
-    s = request.sampling
     body: dict[str, Any] = {
         "model": model,
         "prompt": list(request.prompt_ids),
@@ -43,23 +43,7 @@ def completion_body(request: TokenRequest, *, model: str) -> dict[str, Any]:
         "return_token_ids": True,
         "skip_special_tokens": False,
     }
-    for key, value in (
-        ("max_tokens", s.max_tokens),
-        ("temperature", s.temperature),
-        ("top_p", s.top_p),
-        ("top_k", s.top_k),
-        ("min_p", s.min_p),
-        ("presence_penalty", s.presence_penalty),
-        ("frequency_penalty", s.frequency_penalty),
-        ("repetition_penalty", s.repetition_penalty),
-        ("seed", s.seed),
-    ):
-        if value is not None:
-            body[key] = value
-    if s.stop:
-        body["stop"] = list(s.stop)
-    if s.logit_bias:
-        body["logit_bias"] = {str(token): bias for token, bias in s.logit_bias.items()}
+    body.update(sampling_params(request.sampling))
     if request.stop_token_ids:
         body["stop_token_ids"] = list(request.stop_token_ids)
     if request.stream:
