@@ -15,15 +15,15 @@ true token streaming from SGLang use token-in/token-out capture, whose
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
 
 from polar.ir import ChatRequest, EngineEvent, Finish, PromptTokens
+from polar.proxy.engines.adapter import CompatChatEngine
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers
 from polar.proxy.engines.openai_compat import (
-    chat_body,
     delta_from_message,
     finish_reason,
     logprob_details,
@@ -40,51 +40,23 @@ from polar.proxy.engines.replies import (
     token_id,
     token_ids,
 )
-from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.errors import EngineProtocolError
 
 CHAT_PATH = "/v1/chat/completions"
 
 
-class SglangChatEngine:
+class SglangChatEngine(CompatChatEngine):
     name = "sglang"
-
-    def __init__(
-        self,
-        transport: EngineTransport,
-        *,
-        model: str,
-        template_kwargs: Mapping[str, Any] | None = None,
-    ) -> None:
-        self._transport = transport
-        self._model = model
-        self._template_kwargs = dict(template_kwargs or {})
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    async def aclose(self) -> None:
-        await self._transport.aclose()
+    reasoning_field = "reasoning_content"
 
     async def count_tokens(self, request: ChatRequest) -> int:
         """An estimate (about four characters a token): SGLang has no chat-template
         tokenize route; an exact count needs token-in/token-out capture."""
-        body = chat_body(
-            request,
-            model=self._model,
-            reasoning_field="reasoning_content",
-            template_kwargs=self._template_kwargs,
-        )
+        body = self.chat_body(request)
         return max(1, len(orjson.dumps({"m": body["messages"], "t": body.get("tools")})) // 4)
 
     def prepare(self, request: ChatRequest, *, headers: Headers = NO_HEADERS) -> EngineCall:
-        body = chat_body(
-            request,
-            model=self._model,
-            reasoning_field="reasoning_content",
-            template_kwargs=self._template_kwargs,
-        )
+        body = self.chat_body(request)
         constraint = request.structured_output or {}
         for key in ("regex", "ebnf"):  # SGLang's spelling of vLLM's structured outputs
             if key in constraint:

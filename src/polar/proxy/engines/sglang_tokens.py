@@ -13,6 +13,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from polar.ir import Delta, EngineEvent, Finish, Usage
+from polar.proxy.engines.adapter import HttpEngine
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers, TokenRequest
 from polar.proxy.engines.openai_compat import finish_reason
 from polar.proxy.engines.replies import (
@@ -27,7 +28,6 @@ from polar.proxy.engines.replies import (
 )
 from polar.proxy.engines.sampling import SGLANG_NATIVE_NAMES, sampling_params
 from polar.proxy.engines.sglang import output_triples
-from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.errors import EngineProtocolError
 
 GENERATE_PATH = "/generate"
@@ -51,19 +51,8 @@ def generate_body(request: TokenRequest) -> dict[str, Any]:
     }
 
 
-class SglangTokenEngine:
+class SglangTokenEngine(HttpEngine):
     name = "sglang"
-
-    def __init__(self, transport: EngineTransport, *, model: str) -> None:
-        self._transport = transport
-        self._model = model
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    async def aclose(self) -> None:
-        await self._transport.aclose()
 
     def prepare(self, request: TokenRequest, *, headers: Headers = NO_HEADERS) -> EngineCall:
         body = generate_body(request)

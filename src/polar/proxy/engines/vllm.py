@@ -22,9 +22,9 @@ from polar.ir import (
     PromptTokens,
     TokenLogprob,
 )
+from polar.proxy.engines.adapter import CompatChatEngine
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers
 from polar.proxy.engines.openai_compat import (
-    chat_body,
     delta_from_message,
     finish_reason,
     logprob_details,
@@ -44,42 +44,19 @@ from polar.proxy.engines.replies import (
     text,
     token_ids,
 )
-from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.errors import EngineProtocolError
 
 CHAT_PATH = "/v1/chat/completions"
 
 
-class VllmChatEngine:
+class VllmChatEngine(CompatChatEngine):
     """Forwards chat requests to vLLM and reads back exact ids and logprobs."""
 
     name = "vllm"
-
-    def __init__(
-        self,
-        transport: EngineTransport,
-        *,
-        model: str,
-        template_kwargs: Mapping[str, Any] | None = None,
-    ) -> None:
-        self._transport = transport
-        self._model = model
-        self._template_kwargs = dict(template_kwargs or {})
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    async def aclose(self) -> None:
-        await self._transport.aclose()
+    reasoning_field = "reasoning"
 
     async def count_tokens(self, request: ChatRequest) -> int:
-        body = chat_body(
-            request,
-            model=self._model,
-            reasoning_field="reasoning",
-            template_kwargs=self._template_kwargs,
-        )
+        body = self.chat_body(request)
         tokenize = {
             "model": self._model,
             "messages": body["messages"],
@@ -95,12 +72,7 @@ class VllmChatEngine:
             raise EngineProtocolError("engine /tokenize reply has no count") from None
 
     def prepare(self, request: ChatRequest, *, headers: Headers = NO_HEADERS) -> EngineCall:
-        body = chat_body(
-            request,
-            model=self._model,
-            reasoning_field="reasoning",
-            template_kwargs=self._template_kwargs,
-        )
+        body = self.chat_body(request)
         if request.structured_output is not None:
             body["structured_outputs"] = dict(request.structured_output)
         body["logprobs"] = True

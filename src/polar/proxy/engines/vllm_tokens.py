@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from polar.ir import Delta, EngineEvent, Finish, FinishReason, TokenLogprob, TopLogprob
+from polar.proxy.engines.adapter import HttpEngine
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers, TokenRequest
 from polar.proxy.engines.openai_compat import finish_reason, usage
 from polar.proxy.engines.replies import (
@@ -87,24 +88,16 @@ def _first_choice(reply: Any) -> dict[str, Any]:
     return obj(choices[0], "a choice")
 
 
-class VllmTokenEngine:
+class VllmTokenEngine(HttpEngine):
     """vLLM (or the embedded engine) driven with token ids."""
 
     def __init__(self, transport: EngineTransport, *, model: str, name: str = "vllm") -> None:
-        self._transport = transport
-        self._model = model
+        super().__init__(transport, model=model)
         self._name = name
 
     @property
     def name(self) -> str:
         return self._name
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    async def aclose(self) -> None:
-        await self._transport.aclose()
 
     def prepare(self, request: TokenRequest, *, headers: Headers = NO_HEADERS) -> EngineCall:
         body = completion_body(request, model=self._model)
