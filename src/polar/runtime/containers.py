@@ -24,21 +24,20 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from polar.runtime import layout, statedir
+from polar.runtime.backend import SupervisedRuntime
 from polar.runtime.base import (
-    ExecResult,
     GatewayAddress,
     LimitHit,
     NetworkPolicy,
-    OutputHandler,
     RuntimeSpec,
 )
-from polar.runtime.commands import Commands, Pipes, Supervisor
-from polar.runtime.errors import RuntimeNotStarted, RuntimeStartError, UnsupportedSpec
+from polar.runtime.commands import Pipes, Supervisor
+from polar.runtime.errors import RuntimeStartError, UnsupportedSpec
 from polar.runtime.limits import LimitWatch
 from polar.runtime.relay import GatewayRelay
 from polar.runtime.statedir import SCRIPT_INSIDE, StateDir
@@ -101,7 +100,7 @@ def check_paths(spec: RuntimeSpec, session_dir: Path) -> None:
             )
 
 
-class ContainerRuntime:
+class ContainerRuntime(SupervisedRuntime):
     """A :class:`~polar.runtime.base.Runtime` over a container client.
 
     Subclasses build the client's command lines: :meth:`_create` starts the
@@ -109,43 +108,15 @@ class ContainerRuntime:
     program inside, :meth:`_destroy` removes the container.
     """
 
-    options: frozenset[str] = frozenset()
-
     def __init__(
         self, spec: RuntimeSpec, session_dir: Path, gateway: GatewayAddress | None
     ) -> None:
-        unknown = sorted(set(spec.options) - self.options)
-        if unknown:
-            raise UnsupportedSpec(
-                f"{spec.backend} runtime: unknown options {unknown}; known: {sorted(self.options)}"
-            )
+        super().__init__(spec, session_dir, gateway, python="python3")
         if not spec.image:
             raise UnsupportedSpec(f"{spec.backend} runtime needs an image")
-        self._spec = spec
-        self._session_dir = session_dir.resolve()
         check_paths(spec, self._session_dir)
-        self._gateway = gateway
         self._backings = layout.bind_backings(self._session_dir, spec.binds)
-        self._python = spec.options.get("python", "python3")
-        self._state: StateDir | None = None
-        self._relay: GatewayRelay | None = None
         self._port: int | None = None
-        self._watch: LimitWatch | None = None
-        self._started = False
-        self._stopped = False
-        self._commands = Commands(self._launch)
-
-    @property
-    def spec(self) -> RuntimeSpec:
-        return self._spec
-
-    @property
-    def session_dir(self) -> Path:
-        return self._session_dir
-
-    @property
-    def workdir(self) -> str:
-        return self._spec.workdir or str(self._session_dir / "workspace")
 
     @property
     def gateway_url(self) -> str | None:
@@ -183,10 +154,6 @@ class ContainerRuntime:
             raise
         self._started = True
 
-    @property
-    def limit_hit(self) -> LimitHit | None:
-        return self._watch.poll() if self._watch is not None else None
-
     async def _limit_check(self) -> Callable[[], LimitHit | None] | None:
         """How to read the running container's limits (None: not watched)."""
         return None
@@ -208,60 +175,8 @@ class ContainerRuntime:
             await asyncio.sleep(READY_POLL_S)
         return port
 
-    def _check(self) -> None:
-        if not self._started or self._stopped:
-            raise RuntimeNotStarted("the runtime is not running")
-
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        timeout_s: float | None = None,
-        on_output: OutputHandler | None = None,
-    ) -> ExecResult:
-        self._check()
-        return await self._commands.run(
-            argv,
-            cwd=cwd or self.workdir,
-            env={**self._spec.env, **(env or {})},
-            timeout_s=timeout_s,
-            on_output=on_output,
-        )
-
-    async def put(self, source: Path, target: str) -> None:
-        self._check()
-        assert self._state is not None
-        await statedir.put(self._state, self._run_helper, self._python, source, target)
-
-    async def get(self, source: str, target: Path) -> None:
-        self._check()
-        assert self._state is not None
-        await statedir.get(self._state, self._run_helper, self._python, source, target)
-
-    async def cancel(self) -> None:
-        await self._commands.cancel_all()
-
-    async def stop(self) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        await self._commands.cancel_all()
-        await self._teardown()
-
-    async def _teardown(self) -> None:
-        if self._watch is not None:
-            self._watch.poll()
-            await self._watch.stop()
+    async def _close(self) -> None:
         await self._destroy()
-        if self._relay is not None:
-            await self._relay.stop()
-        if self._state is not None:
-            self._state.remove()
-
-    async def _run_helper(self, argv: Sequence[str]) -> ExecResult:
-        return await self._commands.run(argv, cwd="/", env={}, timeout_s=None, on_output=None)
 
     async def _launch(self, number: int) -> Supervisor:
         helper = [self._python, "-I", "-S", SCRIPT_INSIDE]

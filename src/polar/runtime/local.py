@@ -33,46 +33,39 @@ import os
 import shutil
 import socket
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
-from polar.runtime import cgroups, inside, layout, statedir
+from polar.runtime import cgroups, inside, layout
+from polar.runtime.backend import SupervisedRuntime
 from polar.runtime.base import (
-    ExecResult,
     GatewayAddress,
     LimitHit,
     LimitKind,
     NetworkPolicy,
-    OutputHandler,
     RuntimeSpec,
 )
 from polar.runtime.bubblewrap import BwrapSandbox, bwrap_argv, cgroup_wrapper
-from polar.runtime.commands import Commands, Pipes, Supervisor
-from polar.runtime.errors import RuntimeNotStarted, RuntimeStartError, UnsupportedSpec
+from polar.runtime.commands import Pipes, Supervisor
+from polar.runtime.errors import RuntimeStartError, UnsupportedSpec
 from polar.runtime.limits import LimitWatch, SizedPath, checks, session_disk
 from polar.runtime.relay import GatewayRelay
-from polar.runtime.statedir import StateDir, copy_path
+from polar.runtime.statedir import StateDir
 
 OPTIONS = frozenset({"python", "bwrap", "cgroup_root"})
 DEFAULT_PYTHON = "/usr/bin/python3"
 
 
-class LocalRuntime:
+class LocalRuntime(SupervisedRuntime):
+    options = OPTIONS
+
     def __init__(
         self, spec: RuntimeSpec, session_dir: Path, gateway: GatewayAddress | None
     ) -> None:
-        unknown = sorted(set(spec.options) - OPTIONS)
-        if unknown:
-            raise UnsupportedSpec(
-                f"local runtime: unknown options {unknown}; known: {sorted(OPTIONS)}"
-            )
-        self._spec = spec
-        self._session_dir = session_dir.resolve()
-        self._gateway = gateway
+        super().__init__(spec, session_dir, gateway, python=DEFAULT_PYTHON)
         self._limits = cgroups.Limits(spec.cpus, spec.memory_mb, spec.pids, spec.cpu_time_s)
         root = spec.options.get("cgroup_root")
         self._cgroup_root = None if root is None else Path(root)
-        self._python = spec.options.get("python", DEFAULT_PYTHON)
         if not spec.sandbox:
             if spec.network is not NetworkPolicy.HOST:
                 raise UnsupportedSpec(
@@ -86,26 +79,8 @@ class LocalRuntime:
         elif self._limits.any:
             cgroups.check(self._cgroup_root, self._limits)
         self._backings = layout.bind_backings(self._session_dir, spec.binds)
-        self._started = False
-        self._stopped = False
-        self._state: StateDir | None = None
-        self._relay: GatewayRelay | None = None
         self._cgroup: cgroups.Cgroup | None = None
         self._sandbox: BwrapSandbox | None = None
-        self._watch: LimitWatch | None = None
-        self._commands = Commands(self._launch)
-
-    @property
-    def spec(self) -> RuntimeSpec:
-        return self._spec
-
-    @property
-    def session_dir(self) -> Path:
-        return self._session_dir
-
-    @property
-    def workdir(self) -> str:
-        return self._spec.workdir or str(self._session_dir / "workspace")
 
     @property
     def gateway_url(self) -> str | None:
@@ -116,10 +91,6 @@ class LocalRuntime:
                 return None
             return f"http://127.0.0.1:{self._sandbox.port}"
         return f"http://{self._gateway.host}:{self._gateway.port}"
-
-    @property
-    def limit_hit(self) -> LimitHit | None:
-        return self._watch.poll() if self._watch is not None else None
 
     async def start(self) -> None:
         if self._started:
@@ -191,67 +162,11 @@ class LocalRuntime:
             await self._teardown()
             raise
 
-    def _check(self) -> None:
-        if not self._started or self._stopped:
-            raise RuntimeNotStarted("the runtime is not running")
-
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        timeout_s: float | None = None,
-        on_output: OutputHandler | None = None,
-    ) -> ExecResult:
-        self._check()
-        return await self._commands.run(
-            argv,
-            cwd=cwd or self.workdir,
-            env={**self._spec.env, **(env or {})},
-            timeout_s=timeout_s,
-            on_output=on_output,
-        )
-
-    async def put(self, source: Path, target: str) -> None:
-        self._check()
-        if self._state is None:
-            await asyncio.to_thread(copy_path, source, Path(target))
-        else:
-            await statedir.put(self._state, self._run_helper, self._python, source, target)
-
-    async def get(self, source: str, target: Path) -> None:
-        self._check()
-        if self._state is None:
-            await asyncio.to_thread(copy_path, Path(source), target)
-        else:
-            await statedir.get(self._state, self._run_helper, self._python, source, target)
-
-    async def cancel(self) -> None:
-        await self._commands.cancel_all()
-
-    async def stop(self) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        await self._commands.cancel_all()
-        await self._teardown()
-
-    async def _teardown(self) -> None:
-        if self._watch is not None:
-            self._watch.poll()  # a last look: the report stays readable after stop
-            await self._watch.stop()
+    async def _close(self) -> None:
         if self._sandbox is not None:
             await self._sandbox.close()
-        if self._relay is not None:
-            await self._relay.stop()
         if self._cgroup is not None:
             await asyncio.to_thread(self._cgroup.remove)
-        if self._state is not None:
-            self._state.remove()
-
-    async def _run_helper(self, argv: Sequence[str]) -> ExecResult:
-        return await self._commands.run(argv, cwd="/", env={}, timeout_s=None, on_output=None)
 
     async def _launch(self, number: int) -> Supervisor:
         if self._sandbox is not None:
