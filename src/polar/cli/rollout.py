@@ -18,12 +18,26 @@ import typer
 from pydantic import BaseModel, ConfigDict
 
 from polar.cli.errors import configure_logging, fail
+from polar.cli.options import (
+    DEFAULT_SERVER,
+    TOKEN_ENV,
+    Check,
+    ControlPort,
+    ControlToken,
+    EngineKind,
+    EngineUrl,
+    HarnessOptions,
+    HarnessRef,
+    LogLevel,
+    ServerUrl,
+    SessionTimeout,
+    TaskIds,
+    TaskSource,
+)
 from polar.configfile import ConfigError, load_config, merge, read_yaml
 from polar.rollout.config import NodeConfig, ServerConfig
 
 M = TypeVar("M", bound=BaseModel)
-TOKEN_ENV = "POLAR_CONTROL_TOKEN"
-DEFAULT_SERVER = "http://127.0.0.1:8200"
 
 
 class ServeConfig(BaseModel):
@@ -81,25 +95,13 @@ def serve(
     node_port: Annotated[
         int | None, typer.Option(help="The node's gateway port (default 8300).")
     ] = None,
-    node_control_port: Annotated[
-        int | None, typer.Option(help="The node's API port (default 8301).")
-    ] = None,
-    engine_url: Annotated[
-        str | None, typer.Option(help="Inference engine the node's gateway forwards to.")
-    ] = None,
-    engine_kind: Annotated[
-        str | None, typer.Option(help="vllm, sglang or embedded (default: vllm).")
-    ] = None,
+    node_control_port: ControlPort = None,
+    engine_url: EngineUrl = None,
+    engine_kind: EngineKind = None,
     db: Annotated[Path | None, typer.Option(help="SQLite file of tasks and results.")] = None,
-    token: Annotated[
-        str | None,
-        typer.Option(
-            envvar=TOKEN_ENV,
-            help="Control token (16+ visible ASCII characters; default: generated).",
-        ),
-    ] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
-    check: Annotated[bool, typer.Option("--check", help="Validate, print, exit.")] = False,
+    token: ControlToken = None,
+    log_level: LogLevel = "info",
+    check: Check = False,
 ) -> None:
     """Run a rollout server and a gateway node in this process (one machine)."""
     overrides: dict[str, Any] = {"server": {}, "node": {}}
@@ -148,23 +150,15 @@ def node(
     ] = None,
     node_id: Annotated[str | None, typer.Option(help="This node's id.")] = None,
     port: Annotated[int | None, typer.Option(help="Gateway port (default 8300).")] = None,
-    control_port: Annotated[
-        int | None, typer.Option(help="The node's API port (default 8301).")
-    ] = None,
+    control_port: ControlPort = None,
     public_url: Annotated[
         str | None, typer.Option(help="How the server reaches this node.")
     ] = None,
-    engine_url: Annotated[
-        str | None, typer.Option(help="Inference engine the gateway forwards to.")
-    ] = None,
-    engine_kind: Annotated[
-        str | None, typer.Option(help="vllm, sglang or embedded (default: vllm).")
-    ] = None,
-    token: Annotated[
-        str | None, typer.Option(envvar=TOKEN_ENV, help="Control token (16+ characters).")
-    ] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
-    check: Annotated[bool, typer.Option("--check", help="Validate, print, exit.")] = False,
+    engine_url: EngineUrl = None,
+    engine_kind: EngineKind = None,
+    token: ControlToken = None,
+    log_level: LogLevel = "info",
+    check: Check = False,
 ) -> None:
     """Run a gateway node that joins a rollout server."""
     raw = read_config("node", config)
@@ -232,23 +226,17 @@ def _client(server: str, token: str | None) -> Any:
 
 
 def submit(
-    tasks: Annotated[
-        str, typer.Argument(help="Task file (.jsonl/.yaml/.parquet), Harbor dir, or 'builtin'.")
-    ],
-    harness: Annotated[str, typer.Option(help="Harness preset or package.module:factory.")],
+    tasks: TaskSource,
+    harness: HarnessRef,
     samples: Annotated[int, typer.Option(help="Sessions per task (one GRPO group).")] = 4,
-    option: Annotated[
-        list[str] | None, typer.Option(help="Harness option KEY=VALUE (repeatable; JSON values).")
-    ] = None,
-    task_id: Annotated[
-        list[str] | None, typer.Option("--task", help="Only these task ids (repeatable).")
-    ] = None,
-    timeout: Annotated[float, typer.Option(help="Each session's agent budget, seconds.")] = 1800,
+    option: HarnessOptions = None,
+    task_id: TaskIds = None,
+    timeout: SessionTimeout = 1800,
     early_stop_at: Annotated[int | None, typer.Option(help="Stop at this many usable.")] = None,
     max_resamples: Annotated[int, typer.Option(help="Extra sessions to fill a group.")] = 0,
     builder: Annotated[str, typer.Option(help="prefix_merge or per_request.")] = "prefix_merge",
-    server: Annotated[str, typer.Option(help="Rollout server URL.")] = DEFAULT_SERVER,
-    token: Annotated[str | None, typer.Option(envvar=TOKEN_ENV, help="Control token.")] = None,
+    server: ServerUrl = DEFAULT_SERVER,
+    token: ControlToken = None,
     out: Annotated[
         Path | None, typer.Option(help="Write each task's result as a JSON line here.")
     ] = None,
@@ -379,8 +367,8 @@ def _follow(client: Any, task_ids: list[str]) -> list[Any]:
 
 def status(
     task: Annotated[str | None, typer.Argument(help="A task id (default: recent tasks).")] = None,
-    server: Annotated[str, typer.Option(help="Rollout server URL.")] = DEFAULT_SERVER,
-    token: Annotated[str | None, typer.Option(envvar=TOKEN_ENV, help="Control token.")] = None,
+    server: ServerUrl = DEFAULT_SERVER,
+    token: ControlToken = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show tasks (or one task's sessions) and the nodes of a rollout server."""

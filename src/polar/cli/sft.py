@@ -12,8 +12,17 @@ from typing import Annotated, Any
 import typer
 
 from polar.cli.errors import configure_logging, fail
+from polar.cli.options import (
+    ControlToken,
+    EngineKind,
+    EngineUrl,
+    HarnessOptions,
+    HarnessRef,
+    SessionTimeout,
+    TaskIds,
+    TaskSource,
+)
 from polar.cli.rollout import (
-    TOKEN_ENV,
     ServeConfig,
     load_selected,
     node_defaults,
@@ -24,37 +33,27 @@ from polar.cli.rollout import (
 
 
 def generate(
-    tasks: Annotated[
-        str, typer.Argument(help="Task file (.jsonl/.yaml/.parquet), Harbor dir, or 'builtin'.")
-    ],
-    harness: Annotated[str, typer.Option(help="Harness preset or package.module:factory.")],
+    tasks: TaskSource,
+    harness: HarnessRef,
     out: Annotated[Path, typer.Option(help="Output directory (rerun with it to resume).")],
     attempts: Annotated[int, typer.Option(help="Attempts per task.")] = 4,
     accept: Annotated[
         str, typer.Option(help="Acceptance rule over reward and resolved.")
     ] = "reward >= 1",
-    option: Annotated[
-        list[str] | None, typer.Option(help="Harness option KEY=VALUE (repeatable; JSON values).")
-    ] = None,
-    task_id: Annotated[
-        list[str] | None, typer.Option("--task", help="Only these task ids (repeatable).")
-    ] = None,
-    timeout: Annotated[float, typer.Option(help="Each session's agent budget, seconds.")] = 1800,
+    option: HarnessOptions = None,
+    task_id: TaskIds = None,
+    timeout: SessionTimeout = 1800,
     server_url: Annotated[
         str | None,
         typer.Option(help="Use this rollout server (default: start one in this process)."),
     ] = None,
-    token: Annotated[str | None, typer.Option(envvar=TOKEN_ENV, help="Control token.")] = None,
+    token: ControlToken = None,
     config: Annotated[
         Path | None,
         typer.Option("--config", "-c", help="The local service's YAML (polar serve's format)."),
     ] = None,
-    engine_url: Annotated[
-        str | None, typer.Option(help="Inference engine the local gateway forwards to.")
-    ] = None,
-    engine_kind: Annotated[
-        str | None, typer.Option(help="vllm, sglang, embedded, or package.module:factory.")
-    ] = None,
+    engine_url: EngineUrl = None,
+    engine_kind: EngineKind = None,
     engine_model: Annotated[
         str | None, typer.Option(help="The model name the engine serves.")
     ] = None,
