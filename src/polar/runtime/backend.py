@@ -3,7 +3,8 @@ through the state directory, limits watched, one way to stop.
 
 A backend (:class:`~polar.runtime.local.LocalRuntime`,
 :class:`~polar.runtime.containers.ContainerRuntime`) starts its sandbox and
-says how to launch a supervisor in it (:meth:`SupervisedRuntime._launch`) and
+says how to launch a supervisor in it (:meth:`SupervisedRuntime._launch`), where
+the gateway is relayed inside (:attr:`SupervisedRuntime._relay_port`) and
 how to close it (:meth:`SupervisedRuntime._close`); running commands
 (:mod:`polar.runtime.commands`), copying files in and out
 (:mod:`polar.runtime.statedir`), cancelling and stopping are the same for all.
@@ -16,7 +17,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from polar.runtime import statedir
-from polar.runtime.base import ExecResult, GatewayAddress, LimitHit, OutputHandler, RuntimeSpec
+from polar.runtime.base import (
+    ExecResult,
+    GatewayAddress,
+    LimitHit,
+    NetworkPolicy,
+    OutputHandler,
+    RuntimeSpec,
+)
 from polar.runtime.commands import Commands, Supervisor
 from polar.runtime.errors import RuntimeNotStarted, UnsupportedSpec
 from polar.runtime.limits import LimitWatch
@@ -71,6 +79,21 @@ class SupervisedRuntime:
     @property
     def workdir(self) -> str:
         return self._spec.workdir or str(self._session_dir / "workspace")
+
+    @property
+    def gateway_url(self) -> str | None:
+        if self._gateway is None or self._spec.network is NetworkPolicy.NONE:
+            return None
+        if self._spec.network is NetworkPolicy.GATEWAY_ONLY:
+            port = self._relay_port
+            return None if port is None else f"http://127.0.0.1:{port}"
+        return f"http://{self._gateway.host}:{self._gateway.port}"
+
+    @property
+    def _relay_port(self) -> int | None:
+        """The port inside on which the gateway is relayed (``gateway_only``), once
+        the sandbox is up."""
+        raise NotImplementedError
 
     @property
     def limit_hit(self) -> LimitHit | None:

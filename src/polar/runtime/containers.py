@@ -119,12 +119,8 @@ class ContainerRuntime(SupervisedRuntime):
         self._port: int | None = None
 
     @property
-    def gateway_url(self) -> str | None:
-        if self._gateway is None or self._spec.network is NetworkPolicy.NONE:
-            return None
-        if self._spec.network is NetworkPolicy.GATEWAY_ONLY:
-            return None if self._port is None else f"http://127.0.0.1:{self._port}"
-        return f"http://{self._gateway.host}:{self._gateway.port}"
+    def _relay_port(self) -> int | None:
+        return self._port
 
     @property
     def forwards(self) -> bool:

@@ -83,14 +83,8 @@ class LocalRuntime(SupervisedRuntime):
         self._sandbox: BwrapSandbox | None = None
 
     @property
-    def gateway_url(self) -> str | None:
-        if self._gateway is None or self._spec.network is NetworkPolicy.NONE:
-            return None
-        if self._spec.network is NetworkPolicy.GATEWAY_ONLY:
-            if self._sandbox is None:
-                return None
-            return f"http://127.0.0.1:{self._sandbox.port}"
-        return f"http://{self._gateway.host}:{self._gateway.port}"
+    def _relay_port(self) -> int | None:
+        return None if self._sandbox is None else self._sandbox.port
 
     async def start(self) -> None:
         if self._started:

@@ -17,6 +17,9 @@ from polar.ir import ChatRequest
 from polar.proxy.engines.openai_compat import chat_body
 from polar.proxy.engines.transport import EngineTransport
 
+CHAT_PATH = "/v1/chat/completions"
+"""The OpenAI-compatible chat route, the same on vLLM and SGLang."""
+
 
 class HttpEngine:
     """An engine reached over HTTP through ``transport``, serving ``model``."""

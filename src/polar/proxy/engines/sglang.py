@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from polar.ir import ChatRequest, EngineEvent, Finish, PromptTokens
-from polar.proxy.engines.adapter import CompatChatEngine
+from polar.proxy.engines.adapter import CHAT_PATH, CompatChatEngine
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers
 from polar.proxy.engines.openai_compat import (
     delta_from_message,
@@ -41,8 +41,6 @@ from polar.proxy.engines.replies import (
     token_ids,
 )
 from polar.proxy.errors import EngineProtocolError
-
-CHAT_PATH = "/v1/chat/completions"
 
 
 class SglangChatEngine(CompatChatEngine):

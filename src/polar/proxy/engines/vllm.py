@@ -22,7 +22,7 @@ from polar.ir import (
     PromptTokens,
     TokenLogprob,
 )
-from polar.proxy.engines.adapter import CompatChatEngine
+from polar.proxy.engines.adapter import CHAT_PATH, CompatChatEngine
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers
 from polar.proxy.engines.openai_compat import (
     delta_from_message,
@@ -45,8 +45,6 @@ from polar.proxy.engines.replies import (
     token_ids,
 )
 from polar.proxy.errors import EngineProtocolError
-
-CHAT_PATH = "/v1/chat/completions"
 
 
 class VllmChatEngine(CompatChatEngine):
