@@ -16,7 +16,7 @@ sandbox). A task may ask for tighter limits, never looser ones.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
@@ -29,8 +29,6 @@ from pydantic import (
 from polar.proxy.config import GatewayConfig
 from polar.rollout.protocol import ID_PATTERN, NodeCapacity
 from polar.runtime.base import RuntimeSpec
-
-M = TypeVar("M", bound=BaseModel)
 
 
 class _Section(BaseModel):

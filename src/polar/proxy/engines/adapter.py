@@ -4,17 +4,19 @@
 for every adapter (vLLM's and SGLang's, chat and token routes).
 :class:`CompatChatEngine` adds the OpenAI-compatible chat body that both
 engines' chat routes take (:func:`~polar.proxy.engines.openai_compat.chat_body`),
-with the adapter's own name for the reasoning field; each engine's module adds
-its capture flags and reads its replies.
+with the adapter's own name for the reasoning field, and the call that is not
+streamed; each engine's module adds its capture flags and reads its replies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, ClassVar
 
-from polar.ir import ChatRequest
+from polar.ir import ChatRequest, EngineEvent
+from polar.proxy.engines.base import Headers
 from polar.proxy.engines.openai_compat import chat_body
+from polar.proxy.engines.replies import guarded
 from polar.proxy.engines.transport import EngineTransport
 
 CHAT_PATH = "/v1/chat/completions"
@@ -61,3 +63,16 @@ class CompatChatEngine(HttpEngine):
             reasoning_field=self.reasoning_field,
             template_kwargs=self._template_kwargs,
         )
+
+    def reply_events(self, reply: Any, *, details: bool) -> list[EngineEvent]:
+        """A whole (not streamed) reply of the chat route as IR events; ``details``:
+        whether the client asked for per-token logprob detail."""
+        raise NotImplementedError
+
+    @guarded
+    async def _once(
+        self, body: dict[str, Any], details: bool, headers: Headers
+    ) -> AsyncGenerator[EngineEvent, None]:
+        reply = await self._transport.post_json(CHAT_PATH, body, headers)
+        for event in self.reply_events(reply, details=details):
+            yield event

@@ -15,13 +15,12 @@ true token streaming from SGLang use token-in/token-out capture, whose
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
 
 from polar.ir import ChatRequest, EngineEvent, Finish, PromptTokens
-from polar.proxy.engines.adapter import CHAT_PATH, CompatChatEngine
+from polar.proxy.engines.adapter import CompatChatEngine
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers
 from polar.proxy.engines.openai_compat import (
     delta_from_message,
@@ -32,7 +31,6 @@ from polar.proxy.engines.openai_compat import (
 from polar.proxy.engines.replies import (
     array,
     count,
-    guarded,
     number,
     obj,
     optional_obj,
@@ -65,15 +63,11 @@ class SglangChatEngine(CompatChatEngine):
         body["return_prompt_token_ids"] = True
         body["return_meta_info"] = True
         body["separate_reasoning"] = True
-        return EngineCall(body=body, events=self._once(body, headers))
+        return EngineCall(body=body, events=self._once(body, True, headers))
 
-    @guarded
-    async def _once(
-        self, body: dict[str, Any], headers: Headers
-    ) -> AsyncGenerator[EngineEvent, None]:
-        reply = await self._transport.post_json(CHAT_PATH, body, headers)
-        for event in parse_reply(reply):
-            yield event
+    def reply_events(self, reply: Any, *, details: bool) -> list[EngineEvent]:
+        """Per-token detail comes whenever SGLang sends it (``details`` is not needed)."""
+        return parse_reply(reply)
 
 
 def output_triples(meta: dict[str, Any]) -> tuple[tuple[int, ...], tuple[float, ...]]:

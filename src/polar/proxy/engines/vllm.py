@@ -85,13 +85,8 @@ class VllmChatEngine(CompatChatEngine):
             return EngineCall(body=body, events=self._stream(body, details, headers))
         return EngineCall(body=body, events=self._once(body, details, headers))
 
-    @guarded
-    async def _once(
-        self, body: dict[str, Any], details: bool, headers: Headers
-    ) -> AsyncGenerator[EngineEvent, None]:
-        reply = await self._transport.post_json(CHAT_PATH, body, headers)
-        for event in parse_reply(reply, details=details):
-            yield event
+    def reply_events(self, reply: Any, *, details: bool) -> list[EngineEvent]:
+        return parse_reply(reply, details=details)
 
     @guarded
     async def _stream(
