@@ -229,9 +229,9 @@ def teach_agents(
     origin = {**versions, "@workspaces": ",".join(WORKSPACES)}
     if is_warmed(out, spec, base, origin):
         return {"kept": str(out)}
-    from transformers import AutoTokenizer
+    from polar.tokenizer import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    tokenizer = load_tokenizer(base)
 
     def decode(ids: list[int]) -> str:
         return str(tokenizer.decode(ids))
