@@ -62,7 +62,10 @@ def test_the_cli_does_a_multi_turn_tool_exchange_on_the_embedded_engine(
         "render": {"tokenizer": str(agents_model)},
     }
     run = run_cli(name, gateway, tmp_path, make_spec, harness_cache)
-    print(f"{name}: {len(run.records)} calls, exit {run.result.exit_code}")
+    print(
+        f"{name}: {len(run.records)} calls, extends {len(extending(run.records))}, "
+        f"exit {run.result.exit_code}"
+    )
     assert not run.result.timed_out, run.detail
     assert len(run.records) >= 2, run.detail
     assert len(run.posts) == len(run.records), (len(run.posts), len(run.records))
