@@ -42,13 +42,13 @@ from typing import Any
 import uvicorn
 
 from polar.assets import QWEN3_TOKENIZER_DIR
-from polar.proxy.engines.scripted import ScriptedEngine, script_from_dict
-from polar.proxy.engines.scripted.server import load_tokenizer
 from polar.rollout.config import NodeConfig
 from polar.rollout.deploy import listening_socket, node_service
 from polar.rollout.lifecycle import NodeSession, Pipeline
 from polar.rollout.protocol import HarnessSpec, NodeCapacity, SessionDispatch, SessionStatus
 from polar.tasks.model import DirectoryWorkspace, EvaluatorSpec, Task
+from polar.testing.scripted import ScriptedEngine, script_from_dict
+from polar.testing.scripted.server import load_tokenizer
 
 AGENT = """
 import json, os, sys, time, urllib.request

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from polar.assets import QWEN3_TOKENIZER_DIR
-from polar.proxy.engines.scripted import Script, SessionScripts, script_from_dict
-from polar.proxy.engines.scripted.server import load_tokenizer
 from polar.proxy.render.template import ChatTemplate
+from polar.testing.scripted import Script, SessionScripts, script_from_dict
+from polar.testing.scripted.server import load_tokenizer
 
 from support.paths import FIXTURES, REPO, SHARED
 from support.stack import Stack

@@ -86,8 +86,8 @@ def scripted(
     """Serve a scripted model with vLLM's wire format (for tests and demos)."""
     import uvicorn
 
-    from polar.proxy.engines.scripted import ScriptedEngine, ScriptError, load_script
-    from polar.proxy.engines.scripted.server import load_tokenizer
+    from polar.testing.scripted import ScriptedEngine, ScriptError, load_script
+    from polar.testing.scripted.server import load_tokenizer
 
     try:
         parsed = load_script(script)

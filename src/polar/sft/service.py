@@ -22,7 +22,7 @@ from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.deploy import NodeThread, node_service
 from polar.rollout.server import RolloutServer, create_server_app
 from polar.runtime.reap import reap
-from polar.serverthread import ServerThread
+from polar.testing.serverthread import ServerThread
 
 
 @dataclass(frozen=True, slots=True)

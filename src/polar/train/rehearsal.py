@@ -97,11 +97,11 @@ def rehearse(
 
     from polar.proxy.app import create_app
     from polar.proxy.config import GatewayConfig
-    from polar.proxy.engines.scripted import Script, ScriptedEngine
-    from polar.proxy.engines.scripted.server import load_tokenizer
     from polar.proxy.gateway import Gateway
     from polar.proxy.store import SqliteStore
-    from polar.serverthread import ServerThread
+    from polar.testing.scripted import Script, ScriptedEngine
+    from polar.testing.scripted.server import load_tokenizer
+    from polar.testing.serverthread import ServerThread
 
     exchange = SHELL_EXCHANGES.get(name)
     if exchange is None:

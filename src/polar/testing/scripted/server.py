@@ -18,9 +18,9 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from polar.proxy.engines.base import SESSION_HEADER
-from polar.proxy.engines.scripted import sglang_wire, vllm_wire
-from polar.proxy.engines.scripted.script import ObservedRequest, Script, SessionScripts, Turn
-from polar.serverthread import ServerThread
+from polar.testing.scripted import sglang_wire, vllm_wire
+from polar.testing.scripted.script import ObservedRequest, Script, SessionScripts, Turn
+from polar.testing.serverthread import ServerThread
 
 
 def load_tokenizer(path: Path) -> Any:
