@@ -24,7 +24,8 @@ from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.lifecycle import RuntimeFactory
 from polar.rollout.node import Node, check_node
 from polar.rollout.node_app import create_node_app, node_extension
-from polar.rollout.server import RolloutServer, create_server_app
+from polar.rollout.server import RolloutServer
+from polar.rollout.server_app import create_server_app
 from polar.runtime.base import GatewayAddress
 from polar.runtime.registry import create_runtime
 from polar.trajectory import BuildConfig, TurnFormat

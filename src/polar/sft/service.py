@@ -20,7 +20,8 @@ from pathlib import Path
 
 from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.deploy import NodeThread, node_service
-from polar.rollout.server import RolloutServer, create_server_app
+from polar.rollout.server import RolloutServer
+from polar.rollout.server_app import create_server_app
 from polar.runtime.reap import reap
 from polar.testing.serverthread import ServerThread
 
