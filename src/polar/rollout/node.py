@@ -123,7 +123,6 @@ class Node:
         self._pipeline: Pipeline | None = None
         self._loops: list[asyncio.Task[None]] = []
         self._http: httpx.AsyncClient | None = None
-        self._registered = asyncio.Event()
         self._stopping = False
         self.url = config.url
 
@@ -293,7 +292,6 @@ class Node:
             f"{c.server_url}/nodes/register", content=body.model_dump_json()
         )
         reply.raise_for_status()
-        self._registered.set()
 
     async def _heartbeats(self) -> None:
         assert self._http is not None and self.config.server_url
@@ -326,6 +324,3 @@ class Node:
             _log.warning("cancelling session %s: the rollout server does not want it", sid)
             await self.cancel(sid)
             self.forget(sid)
-
-    async def wait_registered(self, timeout_s: float) -> None:
-        await asyncio.wait_for(self._registered.wait(), timeout_s)
