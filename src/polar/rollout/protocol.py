@@ -61,6 +61,21 @@ class TaskStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
+class EventKind(StrEnum):
+    """What an event of the rollout server's stream (SSE ``event:``) reports."""
+
+    TASK_SUBMITTED = "task.submitted"
+    SESSION_STATUS = "session.status"
+    """A session changed status (queued again as a resample: ``replaces`` names the failed one)."""
+    SESSION_RESULT = "session.result"
+    TASK_FINISHED = "task.finished"
+    """The last event of a task's own stream."""
+    NODE_REGISTERED = "node.registered"
+    NODE_LOST = "node.lost"
+    OVERFLOW = "overflow"
+    """The subscriber read too slowly and was cut off: the stream's last event."""
+
+
 class HarnessSpec(_Model):
     name: str = Field(min_length=1)
     """A preset (``codex``, ``claude_code``, ``qwen_code``, ``pi``, ``opencode``,
@@ -121,7 +136,6 @@ class SessionDispatch(_Model):
     builder: str
     session_timeout_s: float = Field(gt=0)
     group_id: str
-    policy_version: int | None = None
     all_traces: bool = False
     conversations: bool = False
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -41,6 +41,7 @@ from polar.rollout.config import ServerConfig
 from polar.rollout.events import EventHub
 from polar.rollout.http import ApiError
 from polar.rollout.protocol import (
+    EventKind,
     HeartbeatReply,
     NodeHeartbeat,
     NodeRegistration,
@@ -139,7 +140,7 @@ class RolloutServer:
         token = secrets.token_urlsafe(32)
         self.store.add_task(task_id, submission, hashlib.sha256(token.encode()).hexdigest())
         self.events.publish(
-            "task.submitted",
+            EventKind.TASK_SUBMITTED,
             task_id=task_id,
             task=submission.task.id,
             num_samples=submission.num_samples,
@@ -209,7 +210,7 @@ class RolloutServer:
         view = self.store.view(task_id)
         assert view is not None
         self.events.publish(
-            "task.finished",
+            EventKind.TASK_FINISHED,
             task_id=task_id,
             status=status.value,
             counts=view.counts,
@@ -266,7 +267,7 @@ class RolloutServer:
             raise ApiError(422, f"status {result.status.value} is not a final status")
         self.store.set_result(result)
         self.events.publish(
-            "session.result",
+            EventKind.SESSION_RESULT,
             task_id=s.task_id,
             session_id=s.session_id,
             sample_index=s.sample_index,
@@ -306,7 +307,7 @@ class RolloutServer:
             replacement = self.store.add_session(task_id, index)
             self.store.set_replaced(session_id, replacement)
             self.events.publish(
-                "session.status",
+                EventKind.SESSION_STATUS,
                 task_id=task_id,
                 session_id=replacement,
                 sample_index=index,
@@ -321,7 +322,7 @@ class RolloutServer:
         s = self.store.session(session_id)
         if s is not None:
             self.events.publish(
-                "session.status",
+                EventKind.SESSION_STATUS,
                 task_id=s.task_id,
                 session_id=s.session_id,
                 sample_index=s.sample_index,
@@ -337,7 +338,9 @@ class RolloutServer:
         self.nodes[registration.node_id] = NodeState(
             registration, draining=old.draining if old else False
         )
-        self.events.publish("node.registered", node_id=registration.node_id, url=registration.url)
+        self.events.publish(
+            EventKind.NODE_REGISTERED, node_id=registration.node_id, url=registration.url
+        )
         self._wake.set()
 
     def heartbeat(self, node_id: str, beat: NodeHeartbeat) -> HeartbeatReply:
@@ -465,7 +468,6 @@ class RolloutServer:
             builder=sub.builder,
             session_timeout_s=sub.session_timeout_s,
             group_id=sub.group_id or s.task_id,
-            policy_version=sub.policy_version,
             all_traces=sub.all_traces,
             conversations=sub.conversations,
             metadata=sub.metadata,
@@ -508,7 +510,7 @@ class RolloutServer:
         for node in list(self.nodes.values()):
             if now - node.last_seen > limit:
                 del self.nodes[node.id]
-                self.events.publish("node.lost", node_id=node.id)
+                self.events.publish(EventKind.NODE_LOST, node_id=node.id)
         if now - self._started_at <= limit:
             return  # nodes that held sessions before a restart may still come back
         for s in self.store.in_flight():
