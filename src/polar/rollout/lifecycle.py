@@ -45,7 +45,13 @@ from polar.reward.base import EvalContext, EvalResult
 from polar.reward.registry import evaluate
 from polar.rollout.agent import AgentRun, installed_executable, run_agent
 from polar.rollout.conversation import conversation_json
-from polar.rollout.protocol import NodeCapacity, SessionDispatch, SessionResult, SessionStatus
+from polar.rollout.protocol import (
+    NodeCapacity,
+    SessionAccounting,
+    SessionDispatch,
+    SessionResult,
+    SessionStatus,
+)
 from polar.runtime.base import GatewayAddress, Runtime, RuntimeSpec
 from polar.runtime.disk import SizedDir
 from polar.runtime.registry import create_runtime
@@ -53,6 +59,7 @@ from polar.tasks.baseline import Baseline
 from polar.tasks.model import ImageWorkspace
 from polar.tasks.workspace import materialize, run_setup, runtime_spec_for, workspace_path
 from polar.trajectory import BuildConfig, Trajectory, resolve_builder, row_of, samples_of
+from polar.trajectory.export import SampleRow
 
 _log = logging.getLogger(__name__)
 
@@ -407,25 +414,15 @@ class Pipeline:
         trajectory: Trajectory | None,
     ) -> SessionResult:
         d = s.dispatch
-        samples: list[dict[str, Any]] = []
+        samples: list[SampleRow] = []
         conversations: list[dict[str, Any]] = []
-        accounting: dict[str, Any] = {}
+        accounting: SessionAccounting | None = None
         if trajectory is not None:
             kept = samples_of(trajectory, include_untrainable=d.all_traces)
             samples = [row_of(x) for x in kept]
             if d.conversations:
                 conversations = [s.conversations[x.trace_id] for x in kept]
-            a = trajectory.accounting
-            accounting = {
-                "captured": a.captured,
-                "delivered": a.delivered,
-                "delivered_fraction": a.delivered_fraction,
-                "missing_logprobs": a.missing_logprobs,
-                "quarantined": {k.value: v for k, v in a.quarantined.items()},
-                "breaks": {k.value: v for k, v in a.breaks.items()},
-                "malformed_tool_calls": a.malformed_tool_calls,
-                "delivery_flags": {k.value: v for k, v in a.delivery_flags.items()},
-            }
+            accounting = SessionAccounting.of(trajectory.accounting)
         return SessionResult(
             session_id=d.session_id,
             task_id=d.task_id,
