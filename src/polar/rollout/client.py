@@ -55,7 +55,7 @@ class RolloutClient:
     def tasks(self, status: str | None = None) -> list[TaskView]:
         params = {"status": status} if status else {}
         reply = self._call("GET", "/tasks", params=params)
-        return [TaskView.model_validate(v) for v in reply.json()]
+        return [TaskView.model_validate(view) for view in reply.json()]
 
     def cancel(self, task_id: str) -> TaskView:
         return TaskView.model_validate_json(self._call("POST", f"/tasks/{task_id}/cancel").content)

@@ -84,8 +84,8 @@ def create_server_app(server: RolloutServer) -> Starlette:
         except ValueError:
             raise ApiError(400, f"unknown status {status!r}") from None
         rows = server.store.tasks(status=wanted)
-        views = [server.store.view(t.task_id) for t in rows]
-        return JSONResponse([v.model_dump(mode="json") for v in views if v is not None])
+        views = [server.store.view(task.task_id) for task in rows]
+        return JSONResponse([view.model_dump(mode="json") for view in views if view is not None])
 
     async def one(request: Request) -> Response:
         view = server.store.view(task_id_of(request))
@@ -145,8 +145,8 @@ def create_server_app(server: RolloutServer) -> Starlette:
         return model_response(server.drain(request.path_params["node_id"], not undo))
 
     async def nodes(request: Request) -> Response:
-        views = [server.node_view(n) for n in server.nodes.values()]
-        return JSONResponse([v.model_dump(mode="json") for v in views])
+        views = [server.node_view(node) for node in server.nodes.values()]
+        return JSONResponse([view.model_dump(mode="json") for view in views])
 
     async def session_result(request: Request) -> Response:
         server.accept_result(await body_of(request, SessionResult))
@@ -160,7 +160,7 @@ def create_server_app(server: RolloutServer) -> Starlette:
         finally:
             await server.stop()
 
-    def r(path: str, handler: object, method: str) -> Route:
+    def control_route(path: str, handler: object, method: str) -> Route:
         return Route(path, guarded(token, handler), methods=[method])  # type: ignore[arg-type]
 
     def read(path: str, handler: object) -> Route:
@@ -169,18 +169,18 @@ def create_server_app(server: RolloutServer) -> Starlette:
     return Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
-            r("/tasks", submit, "POST"),
-            r("/tasks", listing, "GET"),
+            control_route("/tasks", submit, "POST"),
+            control_route("/tasks", listing, "GET"),
             read("/tasks/{task_id}", one),
             read("/tasks/{task_id}/result", result),
-            r("/tasks/{task_id}/cancel", cancel, "POST"),
+            control_route("/tasks/{task_id}/cancel", cancel, "POST"),
             read("/tasks/{task_id}/events", task_events),
-            r("/events", all_events, "GET"),
-            r("/nodes", nodes, "GET"),
-            r("/nodes/register", register, "POST"),
-            r("/nodes/{node_id}/heartbeat", heartbeat, "POST"),
-            r("/nodes/{node_id}/drain", drain, "POST"),
-            r("/callbacks/sessions", session_result, "POST"),
+            control_route("/events", all_events, "GET"),
+            control_route("/nodes", nodes, "GET"),
+            control_route("/nodes/register", register, "POST"),
+            control_route("/nodes/{node_id}/heartbeat", heartbeat, "POST"),
+            control_route("/nodes/{node_id}/drain", drain, "POST"),
+            control_route("/callbacks/sessions", session_result, "POST"),
         ],
         exception_handlers={404: not_found},
         lifespan=lifespan,
