@@ -9,7 +9,11 @@ from typing import Any
 
 import pytest
 
-from polar.harness import DEFAULT_CACHE_DIR, Harness, RunSpec, install
+from polar.cli.model import AGENTS_MODEL_DIR, DEFAULT_MODEL_DIR
+from polar.harness import DEFAULT_CACHE_DIR, Harness, RunSpec, install, load_harness
+from polar.harness.exchange import SHELL_EXCHANGES
+from polar.tinymodel import build_tiny_model
+from polar.train.rehearsal import rehearsable, teach_agents
 
 CACHE_DIR = Path(__file__).resolve().parents[2] / DEFAULT_CACHE_DIR
 """The project's harness cache (what ``polar harness install`` fills by default)."""
@@ -59,3 +63,21 @@ def make_spec(tmp_path: Path) -> Callable[..., RunSpec]:
         return RunSpec(**values)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def agents_model(installed: Callable[[Harness], Path], harness_cache: Path) -> Path:
+    """What ``polar model init`` + ``polar model warm-up`` build, in the project's
+    cache (kept between runs: minutes the first time, a marker check after).
+
+    The tiny model taught, on each pinned CLI's own prompts recorded in a
+    rehearsal, the tool call that CLI accepts (:mod:`polar.train.rehearsal`)."""
+    for name in SHELL_EXCHANGES:
+        installed(load_harness(name))
+    project = CACHE_DIR.parents[1]
+    base = build_tiny_model(project / DEFAULT_MODEL_DIR)
+    versions = rehearsable(harness_cache)
+    assert set(versions) == set(SHELL_EXCHANGES), versions
+    out = project / AGENTS_MODEL_DIR
+    print(f"agents model: {teach_agents(base, out, versions, cache_dir=harness_cache)}")
+    return out

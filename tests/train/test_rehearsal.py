@@ -13,7 +13,14 @@ import pytest
 from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.harness import install, load_harness
 from polar.harness.exchange import SHELL_EXCHANGES
-from polar.train.rehearsal import COMMAND, REASONING, rehearsable, rehearse
+from polar.train.rehearsal import (
+    COMMAND,
+    REASONING,
+    Rehearsal,
+    RehearsedCall,
+    rehearsable,
+    rehearse,
+)
 
 CACHE = Path(__file__).resolve().parents[2] / ".cache/harness"
 
@@ -44,3 +51,25 @@ def test_a_rehearsal_keeps_the_clis_real_prompts_and_the_outputs_it_accepted(
     assert "<tool_response>" in decode(list(second.prompt_ids[len(sampled) :]))
     assert decode(list(second.output_ids)).endswith("Wrote proof.txt.<|im_end|>")
     assert rehearsable(CACHE, ["pi"]) == {"pi": "0.73.1"}
+
+
+def test_a_rehearsal_knows_when_its_workspace_path_is_in_the_trained_tail(
+    tokenizer: Any,
+) -> None:
+    """The warm-up trains through a prompt's last ``tail`` tokens; a CLI that
+    writes the workspace path there is rehearsed at more paths (teach_agents)."""
+    head = tokenizer.encode("You are a coding agent. " * 40)
+    where = tokenizer.encode("<cwd>/tmp/polar-rehearse-codex-_786rppv/run/work</cwd>\n")
+    ask = tokenizer.encode("Write the word polar into proof.txt using the shell.")
+    late = RehearsedCall(tuple(head + where + ask), (1, 2))
+    early = RehearsedCall(tuple(where + head + ask), (1, 2))
+
+    def rehearsal(*calls: RehearsedCall) -> Rehearsal:
+        return Rehearsal("codex", calls, scratch="polar-rehearse-codex-_786rppv")
+
+    tail = len(where) + len(ask)
+    assert rehearsal(early, late).names_workspace_within(tail, tokenizer.decode)
+    assert not rehearsal(early).names_workspace_within(tail, tokenizer.decode)
+    # part of the path cut off at the tail's start still counts if the leaf is whole
+    assert rehearsal(late).names_workspace_within(tail - 3, tokenizer.decode)
+    assert not rehearsal(late).names_workspace_within(len(ask), tokenizer.decode)

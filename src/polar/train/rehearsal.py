@@ -36,6 +36,11 @@ COMMAND = "echo polar > proof.txt"
 REASONING = "I will write the file with the shell tool."
 ANSWER = "Wrote proof.txt."
 TITLE = "Writing proof.txt"
+WORKSPACES = ("work", "w", "projects/agent-workspace/checkout/repository")
+"""Where a rehearsal runs the CLI: the first always; the others (a shorter and a
+longer path) as well for a CLI that writes the workspace path near the end of
+its prompts, where the warm-up trains through the prompt (its ``tail``), so
+that the model learns the exchange, not one path."""
 
 
 class RehearsalFailed(RuntimeError):
@@ -55,6 +60,13 @@ class Rehearsal:
     harness: str
     calls: tuple[RehearsedCall, ...]
     """In the order the CLI made them (a side call first, where the CLI makes one)."""
+    scratch: str
+    """The name of the fresh directory the CLI's workspace was made in: unique to
+    the run, so where it shows in a prompt, the CLI wrote the workspace path."""
+
+    def names_workspace_within(self, tail: int, decode: Callable[[list[int]], str]) -> bool:
+        """Whether some call's last ``tail`` prompt tokens hold the workspace's path."""
+        return any(self.scratch in decode(list(c.prompt_ids[-tail:])) for c in self.calls)
 
 
 def script(exchange: ShellExchange) -> dict[str, Any]:
@@ -86,8 +98,10 @@ def rehearse(
     cache_dir: Path = DEFAULT_CACHE_DIR,
     path: str = DEFAULT_PATH,
     timeout_s: float = 300.0,
+    workspace: str = WORKSPACES[0],
 ) -> Rehearsal:
-    """Run the installed CLI ``name`` once through a scripted gateway; its calls.
+    """Run the installed CLI ``name`` once through a scripted gateway, in a fresh
+    directory's ``workspace`` (a relative path); its calls.
 
     Raises :class:`RehearsalFailed` if the CLI did anything but the scripted
     exchange (a non-zero exit, an unexpected request, a prompt that does not
@@ -132,13 +146,14 @@ def rehearse(
                 )
                 created.raise_for_status()
                 session = created.json()
-                (root / "work").mkdir()
+                workdir = root / "run" / workspace
+                workdir.mkdir(parents=True)
                 spec = RunSpec(
                     gateway_url=gateway.url,
                     api_key=session["api_key"],
                     model="policy",
                     instruction=INSTRUCTION,
-                    workdir=root / "work",
+                    workdir=workdir,
                     home=root / "home",
                     timeout_s=timeout_s,
                     path=path,
@@ -172,6 +187,7 @@ def rehearse(
     return Rehearsal(
         harness=name,
         calls=tuple(RehearsedCall(tuple(r.prompt_ids), tuple(r.output_ids)) for r in records),
+        scratch=root.name,
     )
 
 
@@ -210,13 +226,24 @@ def teach_agents(
     in ``base`` up into ``out`` on the synthetic dialogues and the rehearsed calls.
     A model already taught from the same base, spec and CLI versions is kept."""
     spec = spec or WarmupSpec()
-    if is_warmed(out, spec, base, versions):
+    origin = {**versions, "@workspaces": ",".join(WORKSPACES)}
+    if is_warmed(out, spec, base, origin):
         return {"kept": str(out)}
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+
+    def decode(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids))
+
     calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     for name, version in versions.items():
-        echo(f"rehearsing {name} {version}")
-        rehearsal = rehearse(name, base, cache_dir=cache_dir)
-        calls += [(c.prompt_ids, c.output_ids) for c in rehearsal.calls]
-        lengths = ", ".join(str(len(c.prompt_ids)) for c in rehearsal.calls)
-        echo(f"  {len(rehearsal.calls)} calls, prompts of {lengths} tokens")
-    return warm_up(base, out, spec, rehearsed=calls, rehearsed_from=versions)
+        for workspace in WORKSPACES:
+            echo(f"rehearsing {name} {version} in {workspace}/")
+            rehearsal = rehearse(name, base, cache_dir=cache_dir, workspace=workspace)
+            calls += [(c.prompt_ids, c.output_ids) for c in rehearsal.calls]
+            lengths = ", ".join(str(len(c.prompt_ids)) for c in rehearsal.calls)
+            echo(f"  {len(rehearsal.calls)} calls, prompts of {lengths} tokens")
+            if not rehearsal.names_workspace_within(spec.tail, decode):
+                break
+    return warm_up(base, out, spec, rehearsed=calls, rehearsed_from=origin)
