@@ -181,8 +181,9 @@ def rollout_service(root: Path, engine: dict[str, Any], model: str) -> Iterator[
     in this process; yields (server URL, gateway URL)."""
     from polar.rollout.config import NodeConfig, ServerConfig
     from polar.rollout.deploy import NodeThread, node_service
-    from polar.rollout.server import RolloutServer, create_server_app
-    from polar.serverthread import ServerThread
+    from polar.rollout.server import RolloutServer
+    from polar.rollout.server_app import create_server_app
+    from polar.testing.serverthread import ServerThread
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -244,10 +245,10 @@ def expert_script(tasks: list[dict[str, Any]], attempts: int, accuracy: float, s
 def generate_sft(
     root: Path, tokenizer: Any, tasks: list[dict[str, Any]], args: argparse.Namespace
 ) -> dict[str, Any]:
-    from polar.proxy.engines.scripted import ScriptedEngine, script_from_dict
     from polar.rollout.client import RolloutClient
     from polar.sft import ExportFormat, GenerateConfig, Generation
     from polar.tasks.model import Task
+    from polar.testing.scripted import ScriptedEngine, script_from_dict
 
     script = expert_script(tasks, args.sft_attempts, args.expert_accuracy, args.seed)
     engine = ScriptedEngine(script_from_dict(script), tokenizer).start()
@@ -320,7 +321,7 @@ def run_grpo(
 ) -> tuple[Any, list[dict[str, float]]]:
     from polar.proxy.engines.embedded import ModelRunner, create_engine_app
     from polar.rollout.client import RolloutClient
-    from polar.serverthread import ServerThread
+    from polar.testing.serverthread import ServerThread
     from polar.train.config import TrainConfig
     from polar.train.evaluation import evaluate
     from polar.train.feed import GroupRequest

@@ -259,7 +259,7 @@ def engine_faults(calls: int, rate: float, seed: int) -> None:
     from polar.proxy.app import create_app
     from polar.proxy.config import GatewayConfig
     from polar.proxy.gateway import Gateway
-    from polar.serverthread import ServerThread
+    from polar.testing.serverthread import ServerThread
 
     engine = FaultyVllm(rate, seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -352,7 +352,7 @@ def weight_sync(calls: int, sessions: int, syncs: int) -> None:
     from polar.proxy.app import create_app
     from polar.proxy.config import GatewayConfig
     from polar.proxy.gateway import Gateway
-    from polar.serverthread import ServerThread
+    from polar.testing.serverthread import ServerThread
 
     engine = FaultyVllm(0.0, 0, token_delay_s=0.005)
     with tempfile.TemporaryDirectory() as tmp:
@@ -621,7 +621,7 @@ def big_prompts(mb: float, count: int) -> None:
     from polar.proxy.app import create_app
     from polar.proxy.config import GatewayConfig
     from polar.proxy.gateway import Gateway
-    from polar.serverthread import ServerThread
+    from polar.testing.serverthread import ServerThread
 
     with tempfile.TemporaryDirectory() as tmp:
         # The engine is its own process (as vLLM is), so only the gateway is measured.

@@ -41,12 +41,12 @@ from typing import Any
 
 import uvicorn
 
-from polar.proxy.engines.scripted import ScriptedEngine, script_from_dict
 from polar.rollout.config import NodeConfig
 from polar.rollout.deploy import listening_socket, node_service
 from polar.rollout.lifecycle import NodeSession, Pipeline
 from polar.rollout.protocol import HarnessSpec, NodeCapacity, SessionDispatch, SessionStatus
 from polar.tasks.model import DirectoryWorkspace, EvaluatorSpec, Task
+from polar.testing.scripted import ScriptedEngine, script_from_dict
 from polar.tokenizer import load_tokenizer
 
 AGENT = """

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from polar.proxy.engines.scripted import Script, SessionScripts, script_from_dict
 from polar.proxy.render.template import ChatTemplate
+from polar.testing.scripted import Script, SessionScripts, script_from_dict
 from polar.tokenizer import load_tokenizer
 
 from support.paths import FIXTURES, REPO, SHARED

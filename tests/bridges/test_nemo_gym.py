@@ -35,7 +35,7 @@ from openai.types.responses import Response
 from pydantic import BaseModel, ConfigDict
 
 from polar.bridges.nemo_gym import NemoGymBridgeConfig, create_app, main
-from polar.serverthread import ServerThread
+from polar.testing.serverthread import ServerThread
 
 from support.bridges import INSTRUCTIONS, BridgeStack, Expected, expected_from_records
 

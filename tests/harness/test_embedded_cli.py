@@ -30,7 +30,7 @@ from polar.harness import RunSpec
 from polar.harness.exchange import SHELL_EXCHANGES
 from polar.ir import RecordStatus
 from polar.proxy.engines.embedded import ModelRunner, create_engine_app
-from polar.serverthread import ServerThread
+from polar.testing.serverthread import ServerThread
 
 from support.cli_runs import check_received, decoded_turn, extending, run_cli
 

@@ -26,7 +26,7 @@ import pytest
 from polar.harness import Harness, RunSpec, load_harness, run_harness
 from polar.harness.exchange import MINI_SWE_AGENT_DONE, SHELL_EXCHANGES
 from polar.ir import CompletionRecord, Dialect, PromptOrigin, RecordStatus
-from polar.proxy.engines.scripted.vllm_wire import logprob_for
+from polar.testing.scripted.vllm_wire import logprob_for
 
 COMMAND = "echo polar > proof.txt"
 REASONING = "I will write the file with the shell tool."

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from polar.ir import FinishReason, PromptOrigin, RecordStatus
-from polar.proxy.engines.scripted.vllm_wire import logprob_for
+from polar.testing.scripted.vllm_wire import logprob_for
 
 from support.stack import BASH_TOOL
 

@@ -27,9 +27,9 @@ import orjson
 import pytest
 import yaml
 
-from polar.proxy.engines.scripted import ScriptedEngine, script_from_dict
 from polar.proxy.store.sqlite import SqliteStore
 from polar.sft.export import IGNORE, read_rows
+from polar.testing.scripted import ScriptedEngine, script_from_dict
 
 from support.paths import REPO
 from support.sft import attempt_scripts, tool_agent_command

@@ -24,6 +24,7 @@ from polar.sft.verdict import (
     summarize,
 )
 from polar.trajectory import ChainClass
+from polar.trajectory.export import SampleRow
 
 RULE = Acceptance.parse("reward >= 1")
 
@@ -130,13 +131,30 @@ def test_the_per_task_cap_keeps_the_first_attempts_by_index() -> None:
 
 
 def test_a_summary_keeps_what_the_verdict_needs_and_reads_back_equal() -> None:
-    row = {
-        "trace_id": "ses/0.0",
-        "chain_class": "main",
-        "prompt_ids": [1, 2, 3],
-        "response_ids": [4, 5, 6, 7],
-        "loss_mask": [1, 0, 1, 1],
-    }
+    row = SampleRow(
+        trace_id="ses/0.0",
+        session_id="ses",
+        group_id=None,
+        builder="prefix_merge",
+        chain=0,
+        segment=0,
+        chain_class="main",
+        break_reason=None,
+        trainable=True,
+        policy_version=0,
+        prompt_ids=[1, 2, 3],
+        response_ids=[4, 5, 6, 7],
+        loss_mask=[1, 0, 1, 1],
+        rollout_logprobs=[-0.5, 0.0, -0.5, -0.5],
+        logprob_mask=[1, 0, 1, 1],
+        reward=1.0,
+        reward_scale=1.0,
+        finish_reason="stop",
+        source_records=["ses/1.1"],
+        turn_offsets=[],
+        truncated_turns=0,
+        malformed_tool_calls=0,
+    )
     result = SessionResult(
         session_id="ses",
         task_id="t",

@@ -29,7 +29,7 @@ from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.proxy.store import SqliteStore
 from polar.rollout.client import RolloutClient
 from polar.rollout.protocol import TaskResult
-from polar.serverthread import ServerThread
+from polar.testing.serverthread import ServerThread
 from polar.tinymodel import build_tiny_model
 
 from support.rollout import CONTROL_TOKEN, RolloutStack

@@ -24,7 +24,7 @@ from polar.proxy.app import create_app
 from polar.proxy.config import GatewayConfig
 from polar.proxy.gateway import Gateway
 from polar.proxy.store import SqliteStore
-from polar.serverthread import ServerThread
+from polar.testing.serverthread import ServerThread
 from polar.train.rehearsal import INSTRUCTION
 
 from support.recorder import Exchange, Recorder, received_turn

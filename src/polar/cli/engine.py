@@ -86,7 +86,7 @@ def scripted(
     """Serve a scripted model with vLLM's wire format (for tests and demos)."""
     import uvicorn
 
-    from polar.proxy.engines.scripted import ScriptedEngine, ScriptError, load_script
+    from polar.testing.scripted import ScriptedEngine, ScriptError, load_script
     from polar.tokenizer import load_tokenizer
 
     try:

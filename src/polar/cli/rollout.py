@@ -326,7 +326,7 @@ def _follow(client: Any, task_ids: list[str]) -> list[Any]:
     """Progress bars (one per task, advanced by the event stream) until all finish."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from polar.rollout.protocol import TaskResult
+    from polar.rollout.protocol import EventKind, TaskResult, TaskStatus
 
     pending = set(task_ids)
     with Progress(
@@ -344,20 +344,20 @@ def _follow(client: Any, task_ids: list[str]) -> list[Any]:
             tid = data.get("task_id")
             if tid not in bars:
                 continue
-            if kind in ("session.status", "session.result"):
+            if kind in (EventKind.SESSION_STATUS, EventKind.SESSION_RESULT):
                 view = client.task(tid)
                 done = sum(1 for s in view.sessions if s.status.terminal)
                 states = ", ".join(f"{k} {v}" for k, v in sorted(view.counts.items()))
                 progress.update(bars[tid], completed=done, total=len(view.sessions), state=states)
-            if kind == "task.finished":
+            if kind is EventKind.TASK_FINISHED:
                 pending.discard(tid)
                 progress.update(bars[tid], state=str(data.get("status")))
             if not pending:
                 break
             # a task that finished before the stream opened
-            if kind != "task.finished":
+            if kind is not EventKind.TASK_FINISHED:
                 for other in list(pending):
-                    if client.task(other).status.value != "running":
+                    if client.task(other).status is not TaskStatus.RUNNING:
                         pending.discard(other)
                 if not pending:
                     break

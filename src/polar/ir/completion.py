@@ -98,6 +98,9 @@ class Finish:
     usage: Usage
     # The stop string or token that ended generation, when the engine says.
     matched_stop: str | int | None = None
+    message: Message | None = None
+    """The whole assistant message: set by the gateway's relay on the last event
+    it yields (the message it records), never by an engine."""
     kind: Literal["finish"] = "finish"
 
 
@@ -106,11 +109,9 @@ EngineEvent = PromptTokens | Delta | Finish
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """A finished engine call: exact ids and logprobs, and the message they parse to."""
+    """A finished call as a non-streaming reply shows it: the message and how it
+    ended (ids and logprobs are in its record)."""
 
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]
-    output_logprobs: tuple[float, ...]
     finish_reason: FinishReason
     message: Message
     usage: Usage

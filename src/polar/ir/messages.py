@@ -206,4 +206,7 @@ class ChatRequest:
     structured_output: JsonObject | None = None
     """vLLM-style ``structured_outputs`` constraint (``{"regex": ...}``, ``{"json": ...}``...)."""
     edits: tuple[RequestEdit, ...] = ()
+    encrypted_reasoning: bool = False
+    """The client wants each reasoning part back as an opaque payload it replays
+    on its next call (Responses ``include: ["reasoning.encrypted_content"]``)."""
     extra: JsonObject = field(default_factory=dict)

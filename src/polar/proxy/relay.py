@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
@@ -350,7 +351,8 @@ class Relay:
                                     await self._write(done, ids=past.full)
                                     transcript.add(past)
                                     finished = True
-                                    yield event
+                                    # The message recorded is the message replied.
+                                    yield dataclasses.replace(event, message=past.output)
                                     return
                         raise EngineProtocolError("engine stream ended without finishing the turn")
                     except EngineError as exc:

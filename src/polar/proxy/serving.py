@@ -25,7 +25,7 @@ import logging
 import time
 import traceback
 from collections.abc import AsyncGenerator
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 from polar.ir import (
     ChatRequest,
@@ -52,7 +52,7 @@ from polar.proxy.gateway import Gateway
 from polar.proxy.inbound import api_key_of, check_counts, json_object
 from polar.proxy.logtext import describe
 from polar.proxy.readynext import Pending, poll_next
-from polar.proxy.relay import Accumulator, CallInput
+from polar.proxy.relay import CallInput
 
 _log = logging.getLogger(__name__)
 
@@ -174,28 +174,31 @@ async def _collect(
     chat: ChatRequest,
     events: AsyncGenerator[EngineEvent, None],
 ) -> None:
-    acc = Accumulator()
+    """One JSON reply: the message the relay recorded (its last event carries it),
+    and the top logprobs of each token when the client asked for them."""
     details: list[TokenLogprob] | None = [] if chat.top_logprobs is not None else None
     try:
         async for event in events:
-            if isinstance(event, PromptTokens):
-                continue
-            if isinstance(event, Delta):
-                acc.add(event)
-                if details is not None and event.details:
-                    details.extend(event.details)
-                continue
-            completion = Completion(
-                prompt_ids=acc.prompt_ids,
-                output_ids=tuple(acc.output_ids),
-                output_logprobs=tuple(acc.logprobs),
-                finish_reason=event.reason,
-                message=acc.message(),
-                usage=event.usage,
-                matched_stop=event.matched_stop,
-            )
-            await send_body(send, 200, codec.reply_body(chat, completion, details))
-            return
+            match event:
+                case PromptTokens():
+                    continue
+                case Delta():
+                    if details is not None and event.details:
+                        details.extend(event.details)
+                    continue
+                case Finish():
+                    if event.message is None:
+                        raise InternalError("the relay finished a call without its message")
+                    completion = Completion(
+                        finish_reason=event.reason,
+                        message=event.message,
+                        usage=event.usage,
+                        matched_stop=event.matched_stop,
+                    )
+                    await send_body(send, 200, codec.reply_body(chat, completion, details))
+                    return
+                case _:
+                    assert_never(event)
         raise InternalError("engine call ended without a result")
     except Exception as error:
         await _error(send, codec, error)

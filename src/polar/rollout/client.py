@@ -3,6 +3,7 @@ and a trainer use)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -10,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from polar.rollout.protocol import TaskResult, TaskSubmission, TaskView
+from polar.rollout.protocol import EventKind, TaskResult, TaskSubmission, TaskView
 
 
 class RolloutError(Exception):
@@ -54,7 +55,7 @@ class RolloutClient:
     def tasks(self, status: str | None = None) -> list[TaskView]:
         params = {"status": status} if status else {}
         reply = self._call("GET", "/tasks", params=params)
-        return [TaskView.model_validate(v) for v in reply.json()]
+        return [TaskView.model_validate(view) for view in reply.json()]
 
     def cancel(self, task_id: str) -> TaskView:
         return TaskView.model_validate_json(self._call("POST", f"/tasks/{task_id}/cancel").content)
@@ -82,21 +83,25 @@ class RolloutClient:
         nodes: list[dict[str, Any]] = self._call("GET", "/nodes").json()
         return nodes
 
-    def events(self, task_id: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Server-sent events as ``(kind, data)``; a task's stream ends when it finishes."""
+    def events(self, task_id: str | None = None) -> Iterator[tuple[EventKind, dict[str, Any]]]:
+        """Server-sent events as ``(kind, data)``; a task's stream ends when it finishes.
+
+        Events of a kind this client does not know (from a newer server) are skipped."""
         path = f"/tasks/{task_id}/events" if task_id else "/events"
         try:
             with self._http.stream("GET", path, timeout=httpx.Timeout(30, read=None)) as reply:
                 if reply.status_code >= 400:
                     reply.read()
                     self._raise(reply)
-                kind = "message"
+                kind: EventKind | None = None
                 for line in reply.iter_lines():
                     if line.startswith("event:"):
-                        kind = line[6:].strip()
+                        with contextlib.suppress(ValueError):
+                            kind = EventKind(line[6:].strip())
                     elif line.startswith("data:"):
-                        yield kind, json.loads(line[5:])
-                        kind = "message"
+                        if kind is not None:
+                            yield kind, json.loads(line[5:])
+                        kind = None
         except httpx.HTTPError as exc:
             raise RolloutError(0, f"rollout server unreachable: {exc}") from None
 

@@ -36,7 +36,7 @@ class _Section(BaseModel):
 
 
 def _token(value: str) -> str:
-    if not 16 <= len(value) <= 512 or not all("!" <= c <= "~" for c in value):
+    if not 16 <= len(value) <= 512 or not all("!" <= char <= "~" for char in value):
         raise ValueError("a control token is 16 to 512 visible ASCII characters")
     return value
 

@@ -82,7 +82,7 @@ def conversation_json(trace: Trace, records: Mapping[str, CompletionRecord]) -> 
     out: dict[str, Any] = {"trace_id": trace.id, "messages": [], "tools": [], "problem": None}
     try:
         messages, request = conversation_messages([records[key] for key in trace.records])
-        out["messages"] = [chat_message(m) for m in messages]
+        out["messages"] = [chat_message(message) for message in messages]
         out["tools"] = template_tools(request.tools) or []
     except (ProxyError, ValueError, KeyError) as exc:
         out["problem"] = f"{type(exc).__name__}: {exc}"

@@ -24,7 +24,8 @@ from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.lifecycle import RuntimeFactory
 from polar.rollout.node import Node, check_node
 from polar.rollout.node_app import create_node_app, node_extension
-from polar.rollout.server import RolloutServer, create_server_app
+from polar.rollout.server import RolloutServer
+from polar.rollout.server_app import create_server_app
 from polar.runtime.base import GatewayAddress
 from polar.runtime.registry import create_runtime
 from polar.trajectory import BuildConfig, TurnFormat
@@ -138,14 +139,14 @@ async def serve(
         tune_for_serving(node_config.gateway.gc_young_threshold)
     elif server_config is not None:
         tune_for_serving()
-    tasks = [asyncio.ensure_future(s.serve(sockets=[sock])) for s, sock in servers]
+    tasks = [asyncio.ensure_future(server.serve(sockets=[sock])) for server, sock in servers]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
             task.result()
     finally:
-        for s, _ in servers:
-            s.should_exit = True
+        for server, _ in servers:
+            server.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -178,8 +179,8 @@ class NodeThread:
         async def both() -> None:
             await asyncio.gather(
                 *(
-                    s.serve(sockets=[sock])
-                    for s, sock in zip(self._servers, self._sockets, strict=True)
+                    server.serve(sockets=[sock])
+                    for server, sock in zip(self._servers, self._sockets, strict=True)
                 )
             )
 
@@ -191,7 +192,7 @@ class NodeThread:
     def start(self, timeout_s: float = 60.0) -> NodeThread:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
-        while not all(s.started for s in self._servers):
+        while not all(server.started for server in self._servers):
             if not self._thread.is_alive():
                 raise RuntimeError(f"the node failed to start: {self._error!r}")
             if time.monotonic() > deadline:

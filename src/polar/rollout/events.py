@@ -11,15 +11,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from polar.rollout.protocol import EventKind
+
 QUEUE_LIMIT = 1000
 KEEPALIVE_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    kind: str
-    """``task.submitted``, ``session.status``, ``session.result``, ``task.finished``,
-    ``node.registered``, ``node.lost``."""
+    kind: EventKind
     data: dict[str, Any]
     at: float = field(default_factory=time.time)
 
@@ -30,7 +30,7 @@ class Event:
 
     def sse(self) -> bytes:
         body = json.dumps({"at": round(self.at, 3), **self.data}, separators=(",", ":"))
-        return f"event: {self.kind}\ndata: {body}\n\n".encode()
+        return f"event: {self.kind.value}\ndata: {body}\n\n".encode()
 
 
 class Subscriber:
@@ -44,7 +44,7 @@ class EventHub:
     def __init__(self) -> None:
         self._subscribers: set[Subscriber] = set()
 
-    def publish(self, kind: str, **data: Any) -> None:
+    def publish(self, kind: EventKind, **data: Any) -> None:
         event = Event(kind, data)
         for sub in list(self._subscribers):
             if sub.task_id is not None and event.task_id != sub.task_id:
@@ -78,10 +78,10 @@ class EventHub:
                     continue
                 if event is None:
                     if sub.overflowed:
-                        yield Event("overflow", {"message": "subscriber too slow"}).sse()
+                        yield Event(EventKind.OVERFLOW, {"message": "subscriber too slow"}).sse()
                     return
                 yield event.sse()
-                if until_finished and event.kind == "task.finished":
+                if until_finished and event.kind is EventKind.TASK_FINISHED:
                     return
         finally:
             self._subscribers.discard(sub)

@@ -39,7 +39,7 @@ def error_response(error: ApiError) -> Response:
 
 def bearer(request: Request) -> bytes | None:
     """The request's ``Authorization: Bearer`` token as sent (bytes), if any."""
-    raw = next((v for k, v in request.scope["headers"] if k == b"authorization"), None)
+    raw = next((value for key, value in request.scope["headers"] if key == b"authorization"), None)
     if raw is None:
         return None
     scheme, _, given = raw.partition(b" ")

@@ -45,7 +45,13 @@ from polar.reward.base import EvalContext, EvalResult
 from polar.reward.registry import evaluate
 from polar.rollout.agent import AgentRun, installed_executable, run_agent
 from polar.rollout.conversation import conversation_json
-from polar.rollout.protocol import NodeCapacity, SessionDispatch, SessionResult, SessionStatus
+from polar.rollout.protocol import (
+    NodeCapacity,
+    SessionAccounting,
+    SessionDispatch,
+    SessionResult,
+    SessionStatus,
+)
 from polar.runtime.base import GatewayAddress, Runtime, RuntimeSpec
 from polar.runtime.disk import SizedDir
 from polar.runtime.registry import create_runtime
@@ -53,6 +59,7 @@ from polar.tasks.baseline import Baseline
 from polar.tasks.model import ImageWorkspace
 from polar.tasks.workspace import materialize, run_setup, runtime_spec_for, workspace_path
 from polar.trajectory import BuildConfig, Trajectory, resolve_builder, row_of, samples_of
+from polar.trajectory.export import SampleRow
 
 _log = logging.getLogger(__name__)
 
@@ -140,20 +147,20 @@ class Pipeline:
         self.settings = settings
         self.gateway = gateway
         self._factory = runtime_factory
-        self._on_change = on_change or (lambda s: None)
+        self._on_change = on_change or (lambda session: None)
         capacity = settings.capacity
         self._admission = asyncio.Semaphore(capacity.sessions)
         self._prepare = asyncio.Semaphore(capacity.prepare)
         self._run = asyncio.Semaphore(capacity.run)
         self._post = asyncio.Semaphore(capacity.postrun)
 
-    def _enter(self, s: NodeSession, status: SessionStatus) -> None:
-        s.enter(status)
-        self._on_change(s)
+    def _enter(self, session: NodeSession, status: SessionStatus) -> None:
+        session.enter(status)
+        self._on_change(session)
 
     # ---------------------------------------------------------------- the life
 
-    async def run(self, s: NodeSession) -> SessionResult:
+    async def run(self, session: NodeSession) -> SessionResult:
         """The whole life of ``s``; always returns its result (never raises
         except for the node shutting down)."""
         trajectory: Trajectory | None = None
@@ -165,31 +172,33 @@ class Pipeline:
             await self._admission.acquire()
             try:
                 async with self._prepare:
-                    self._enter(s, SessionStatus.PREPARING)
-                    await self._prepare_stage(s)
-                self._enter(s, SessionStatus.READY)
+                    self._enter(session, SessionStatus.PREPARING)
+                    await self._prepare_stage(session)
+                self._enter(session, SessionStatus.READY)
                 async with self._run:
-                    self._enter(s, SessionStatus.RUNNING)
-                    agent = await self._run_stage(s)
+                    self._enter(session, SessionStatus.RUNNING)
+                    agent = await self._run_stage(session)
             finally:
                 self._admission.release()
-                await self._close_key(s)
+                await self._close_key(session)
             async with self._post:
-                self._enter(s, SessionStatus.BUILDING)
-                trajectory = await self._build(s)
-                self._check_limits(s)
+                self._enter(session, SessionStatus.BUILDING)
+                trajectory = await self._build(session)
+                self._check_limits(session)
                 if agent.timed_out:
                     status = SessionStatus.TIMEOUT
-                    error = f"the harness ran past its {s.dispatch.session_timeout_s:g} s budget"
+                    error = (
+                        f"the harness ran past its {session.dispatch.session_timeout_s:g} s budget"
+                    )
                 elif not agent.ok:
                     raise SessionFailed(
                         f"the harness exited with {agent.exit_code}: "
                         f"{(agent.stderr_tail or agent.stdout_tail)[-500:].strip()}"
                     )
                 else:
-                    self._enter(s, SessionStatus.EVALUATING)
-                    evaluation = await self._evaluate(s)
-                    self._check_limits(s)
+                    self._enter(session, SessionStatus.EVALUATING)
+                    evaluation = await self._evaluate(session)
+                    self._check_limits(session)
                     if trajectory is not None:
                         trajectory = trajectory.with_reward(evaluation.reward)
         except asyncio.CancelledError:
@@ -200,42 +209,42 @@ class Pipeline:
         except SessionFailed as exc:
             status, error = SessionStatus.ERROR, str(exc)
         except Exception as exc:  # a bug or an unexpected failure: never lose the session
-            _log.exception("session %s failed", s.id)
+            _log.exception("session %s failed", session.id)
             status, error = SessionStatus.ERROR, f"internal error: {type(exc).__name__}: {exc}"
         if trajectory is None and status is not SessionStatus.COMPLETED:
             with contextlib.suppress(Exception):
-                trajectory = await self._build(s)
-        await self._teardown(s, failed=status is not SessionStatus.COMPLETED)
-        self._enter(s, status)
-        s.result = self._result(s, status, error, agent, evaluation, trajectory)
-        return s.result
+                trajectory = await self._build(session)
+        await self._teardown(session, failed=status is not SessionStatus.COMPLETED)
+        self._enter(session, status)
+        session.result = self._result(session, status, error, agent, evaluation, trajectory)
+        return session.result
 
     # ---------------------------------------------------------------- stages
 
-    async def _prepare_stage(self, s: NodeSession) -> None:
-        d = s.dispatch
-        session_dir = self.settings.sessions_dir / d.session_id
+    async def _prepare_stage(self, session: NodeSession) -> None:
+        dispatch = session.dispatch
+        session_dir = self.settings.sessions_dir / dispatch.session_id
         if session_dir.exists():
             raise SessionFailed(f"session directory {session_dir} already exists")
         try:
             async with asyncio.timeout(self.settings.prepare_timeout_s):
                 created = await self.gateway.sessions.create(
-                    session_id=d.session_id,
+                    session_id=dispatch.session_id,
                     metadata={
-                        "task_id": d.task_id,
-                        "task": d.task.id,
-                        "group_id": d.group_id,
-                        "sample_index": d.sample_index,
-                        "harness": d.harness.name,
+                        "task_id": dispatch.task_id,
+                        "task": dispatch.task.id,
+                        "group_id": dispatch.group_id,
+                        "sample_index": dispatch.sample_index,
+                        "harness": dispatch.harness.name,
                         "node_id": self.settings.node_id,
                     },
                 )
-                s.api_key, s.gateway_open = created.api_key, True
+                session.api_key, session.gateway_open = created.api_key, True
                 address = self.settings.gateway_address
                 relayed = GatewayAddress(address.host, address.port, api_key=created.api_key)
-                s.runtime = await self._runtime_for(s, session_dir, relayed)
-                s.baseline = await run_setup(
-                    d.task, s.runtime, timeout_s=self.settings.prepare_timeout_s
+                session.runtime = await self._runtime_for(session, session_dir, relayed)
+                session.baseline = await run_setup(
+                    dispatch.task, session.runtime, timeout_s=self.settings.prepare_timeout_s
                 )
         except TimeoutError:
             raise SessionFailed(
@@ -247,13 +256,13 @@ class Pipeline:
             raise SessionFailed(f"preparation failed: {exc}") from exc
 
     async def _runtime_for(
-        self, s: NodeSession, session_dir: Path, gateway: GatewayAddress | None
+        self, session: NodeSession, session_dir: Path, gateway: GatewayAddress | None
     ) -> Runtime:
         """A started runtime over a fresh copy of the session's task workspace, in a
         session directory of its own (size-limited when the node says so)."""
-        task = s.dispatch.task
+        task = session.dispatch.task
         if self.settings.workspace_mb is not None:
-            s.disks.append(await SizedDir.create(session_dir, self.settings.workspace_mb))
+            session.disks.append(await SizedDir.create(session_dir, self.settings.workspace_mb))
         else:
             await asyncio.to_thread(session_dir.mkdir, parents=True, exist_ok=True)
         try:
@@ -282,112 +291,115 @@ class Pipeline:
             raise
         return runtime
 
-    def _check_limits(self, s: NodeSession) -> None:
+    def _check_limits(self, session: NodeSession) -> None:
         """End the session saying which limit its sandbox hit, if it hit one."""
-        for runtime in (s.runtime, *s.fresh):
+        for runtime in (session.runtime, *session.fresh):
             hit = runtime.limit_hit if runtime is not None else None
             if hit is not None:
                 raise SessionFailed(hit.message)
 
-    async def _run_stage(self, s: NodeSession) -> AgentRun:
-        d = s.dispatch
-        runtime = s.runtime
-        assert runtime is not None and s.api_key is not None
-        if d.task.evaluator.fresh_runtime:
-            s.prewarmed = asyncio.ensure_future(self._fresh_copy(s))
+    async def _run_stage(self, session: NodeSession) -> AgentRun:
+        dispatch = session.dispatch
+        runtime = session.runtime
+        assert runtime is not None and session.api_key is not None
+        if dispatch.task.evaluator.fresh_runtime:
+            session.prewarmed = asyncio.ensure_future(self._fresh_copy(session))
         try:
-            harness = load_harness(d.harness.name, d.harness.options)
+            harness = load_harness(dispatch.harness.name, dispatch.harness.options)
             executable = await installed_executable(harness, self.settings.harness_cache)
         except Exception as exc:
-            raise SessionFailed(f"harness {d.harness.name}: {exc}") from exc
+            raise SessionFailed(f"harness {dispatch.harness.name}: {exc}") from exc
         return await run_agent(
             harness,
             runtime,
             executable=executable,
-            api_key=s.api_key,
+            api_key=session.api_key,
             model=self.settings.model,
-            instruction=d.task.instruction,
-            workdir=workspace_path(d.task, runtime),
-            timeout_s=d.session_timeout_s,
+            instruction=dispatch.task.instruction,
+            workdir=workspace_path(dispatch.task, runtime),
+            timeout_s=dispatch.session_timeout_s,
         )
 
-    async def _fresh_copy(self, s: NodeSession) -> Runtime:
-        index = len(s.fresh) + (1 if s.prewarmed is not None else 0)
-        session_dir = self.settings.sessions_dir / f"{s.id}.eval{index}"
-        runtime = await self._runtime_for(s, session_dir, None)
-        s.fresh.append(runtime)
-        await run_setup(s.dispatch.task, runtime, timeout_s=self.settings.prepare_timeout_s)
+    async def _fresh_copy(self, session: NodeSession) -> Runtime:
+        index = len(session.fresh) + (1 if session.prewarmed is not None else 0)
+        session_dir = self.settings.sessions_dir / f"{session.id}.eval{index}"
+        runtime = await self._runtime_for(session, session_dir, None)
+        session.fresh.append(runtime)
+        await run_setup(session.dispatch.task, runtime, timeout_s=self.settings.prepare_timeout_s)
         return runtime
 
-    async def _close_key(self, s: NodeSession) -> None:
-        if s.gateway_open:
-            s.gateway_open = False
+    async def _close_key(self, session: NodeSession) -> None:
+        if session.gateway_open:
+            session.gateway_open = False
             with contextlib.suppress(Exception):
-                await self.gateway.sessions.close(s.id)
+                await self.gateway.sessions.close(session.id)
 
-    async def _build(self, s: NodeSession) -> Trajectory | None:
+    async def _build(self, session: NodeSession) -> Trajectory | None:
         """The session's trajectory; None when the harness never called the model."""
         # Its harness has ended: wait until every call of the session is recorded
         # (cutting off orphaned ones), so none is missing from traces or accounting.
         with contextlib.suppress(TimeoutError):
-            await self.gateway.settle(s.id)
-        records = await self.gateway.records(s.id)
-        s.records = len(records)
+            await self.gateway.settle(session.id)
+        records = await self.gateway.records(session.id)
+        session.records = len(records)
         if not records:
             return None
-        builder = resolve_builder(s.dispatch.builder)(self.settings.build)
+        builder = resolve_builder(session.dispatch.builder)(self.settings.build)
         try:
             trajectory = await asyncio.to_thread(
-                builder.build, records, group_id=s.dispatch.group_id
+                builder.build, records, group_id=session.dispatch.group_id
             )
         except Exception as exc:
             raise SessionFailed(f"building the trajectory failed: {exc}") from exc
-        if s.dispatch.conversations:
-            by_key = {r.key: r for r in records}
-            s.conversations = {
-                t.id: await asyncio.to_thread(conversation_json, t, by_key)
-                for t in trajectory.traces
+        if session.dispatch.conversations:
+            by_key = {record.key: record for record in records}
+            session.conversations = {
+                trace.id: await asyncio.to_thread(conversation_json, trace, by_key)
+                for trace in trajectory.traces
             }
         return trajectory
 
-    async def _evaluate(self, s: NodeSession) -> EvalResult:
-        d = s.dispatch
-        runtime = s.runtime
+    async def _evaluate(self, session: NodeSession) -> EvalResult:
+        dispatch = session.dispatch
+        runtime = session.runtime
         assert runtime is not None
 
         async def fresh() -> Runtime:
-            if s.prewarmed is not None:
-                prewarmed, s.prewarmed = s.prewarmed, None
+            if session.prewarmed is not None:
+                prewarmed, session.prewarmed = session.prewarmed, None
                 return await prewarmed
-            return await self._fresh_copy(s)
+            return await self._fresh_copy(session)
 
         ctx = EvalContext(
-            task=d.task,
+            task=dispatch.task,
             runtime=runtime,
             fresh_runtime=fresh,
-            timeout_s=d.task.evaluator.timeout_s,
-            baseline=s.baseline,
+            timeout_s=dispatch.task.evaluator.timeout_s,
+            baseline=session.baseline,
         )
         try:
             return await evaluate(ctx)
         except Exception as exc:
             raise SessionFailed(str(exc)) from exc
 
-    async def _teardown(self, s: NodeSession, *, failed: bool) -> None:
-        await self._close_key(s)
-        if s.prewarmed is not None:
-            s.prewarmed.cancel()
+    async def _teardown(self, session: NodeSession, *, failed: bool) -> None:
+        await self._close_key(session)
+        if session.prewarmed is not None:
+            session.prewarmed.cancel()
             with contextlib.suppress(BaseException):
-                await s.prewarmed
-        runtimes = [r for r in (s.runtime, *s.fresh) if r is not None]
-        await asyncio.gather(*(r.stop() for r in runtimes), return_exceptions=True)
+                await session.prewarmed
+        runtimes = [runtime for runtime in (session.runtime, *session.fresh) if runtime is not None]
+        await asyncio.gather(*(runtime.stop() for runtime in runtimes), return_exceptions=True)
         keep = self.settings.keep_sessions
         kept = keep == "always" or (keep == "failed" and failed)
-        for sized in s.disks:
+        for sized in session.disks:
             with contextlib.suppress(Exception):
                 await sized.remove(keep=kept)
-        s.disks.clear()
-        directories = [self.settings.sessions_dir / s.id, *(r.session_dir for r in s.fresh)]
+        session.disks.clear()
+        directories = [
+            self.settings.sessions_dir / session.id,
+            *(runtime.session_dir for runtime in session.fresh),
+        ]
         for directory in directories:
             if kept:
                 with contextlib.suppress(OSError):
@@ -399,37 +411,27 @@ class Pipeline:
 
     def _result(
         self,
-        s: NodeSession,
+        session: NodeSession,
         status: SessionStatus,
         error: str | None,
         agent: AgentRun | None,
         evaluation: EvalResult | None,
         trajectory: Trajectory | None,
     ) -> SessionResult:
-        d = s.dispatch
-        samples: list[dict[str, Any]] = []
+        dispatch = session.dispatch
+        samples: list[SampleRow] = []
         conversations: list[dict[str, Any]] = []
-        accounting: dict[str, Any] = {}
+        accounting: SessionAccounting | None = None
         if trajectory is not None:
-            kept = samples_of(trajectory, include_untrainable=d.all_traces)
-            samples = [row_of(x) for x in kept]
-            if d.conversations:
-                conversations = [s.conversations[x.trace_id] for x in kept]
-            a = trajectory.accounting
-            accounting = {
-                "captured": a.captured,
-                "delivered": a.delivered,
-                "delivered_fraction": a.delivered_fraction,
-                "missing_logprobs": a.missing_logprobs,
-                "quarantined": {k.value: v for k, v in a.quarantined.items()},
-                "breaks": {k.value: v for k, v in a.breaks.items()},
-                "malformed_tool_calls": a.malformed_tool_calls,
-                "delivery_flags": {k.value: v for k, v in a.delivery_flags.items()},
-            }
+            kept = samples_of(trajectory, include_untrainable=dispatch.all_traces)
+            samples = [row_of(sample) for sample in kept]
+            if dispatch.conversations:
+                conversations = [session.conversations[sample.trace_id] for sample in kept]
+            accounting = SessionAccounting.of(trajectory.accounting)
         return SessionResult(
-            session_id=d.session_id,
-            task_id=d.task_id,
-            sample_index=d.sample_index,
+            session_id=dispatch.session_id,
+            task_id=dispatch.task_id,
+            sample_index=dispatch.sample_index,
             node_id=self.settings.node_id,
             status=status,
             reward=evaluation.reward if evaluation is not None else None,
@@ -441,9 +443,9 @@ class Pipeline:
                 else {}
             ),
             agent=agent.as_json() if agent is not None else {},
-            timings=dict(s.timings),
+            timings=dict(session.timings),
             accounting=accounting,
             samples=samples,
             conversations=conversations,
-            records=s.records,
+            records=session.records,
         )

@@ -66,8 +66,11 @@ def node_runtime_spec(config: NodeConfig) -> RuntimeSpec:
     if config.share_python and spec.backend == "local":
         paths += [Path(sys.prefix), Path(sys.base_prefix)]
         env.setdefault("PATH", f"{Path(sys.executable).parent}:{DEFAULT_PATH}")
-    have = {m.path for m in spec.mounts}
-    mounts = (*spec.mounts, *(Mount(path=p) for p in dict.fromkeys(paths) if p not in have))
+    have = {mount.path for mount in spec.mounts}
+    mounts = (
+        *spec.mounts,
+        *(Mount(path=path) for path in dict.fromkeys(paths) if path not in have),
+    )
     limits = config.limits
     return spec.model_copy(
         update={
@@ -123,7 +126,6 @@ class Node:
         self._pipeline: Pipeline | None = None
         self._loops: list[asyncio.Task[None]] = []
         self._http: httpx.AsyncClient | None = None
-        self._registered = asyncio.Event()
         self._stopping = False
         self.url = config.url
 
@@ -143,29 +145,29 @@ class Node:
         First removes what a killed instance of this node left (its containers,
         cgroups, state directories, mounted session directories, and session
         directories that were not kept on purpose)."""
-        c = self.config
+        config = self.config
         await self._reap()
         self._pipeline = Pipeline(
             PipelineSettings(
-                node_id=c.node_id,
-                sessions_dir=c.sessions_dir.resolve(),
-                runtime=node_runtime_spec(c),
-                harness_cache=c.harness_cache.resolve(),
-                capacity=c.capacity,
+                node_id=config.node_id,
+                sessions_dir=config.sessions_dir.resolve(),
+                runtime=node_runtime_spec(config),
+                harness_cache=config.harness_cache.resolve(),
+                capacity=config.capacity,
                 gateway_address=address,
                 build=self._build,
-                model=c.model,
-                prepare_timeout_s=c.prepare_timeout_s,
-                keep_sessions=c.keep_sessions,
-                workspace_mb=c.limits.workspace_mb,
+                model=config.model,
+                prepare_timeout_s=config.prepare_timeout_s,
+                keep_sessions=config.keep_sessions,
+                workspace_mb=config.limits.workspace_mb,
             ),
             self.gateway,
             runtime_factory=self._factory,
             on_change=self._on_change,
         )
-        headers = {"authorization": f"Bearer {c.control_token}"}
+        headers = {"authorization": f"Bearer {config.control_token}"}
         self._http = httpx.AsyncClient(headers=headers, timeout=30)
-        if c.server_url:
+        if config.server_url:
             self._loops.append(asyncio.ensure_future(self._heartbeats()))
 
     async def _reap(self) -> None:
@@ -197,7 +199,11 @@ class Node:
         self._stopping = True
         for loop in self._loops:
             loop.cancel()
-        running = [s.task for s in self.sessions.values() if s.task and not s.task.done()]
+        running = [
+            session.task
+            for session in self.sessions.values()
+            if session.task and not session.task.done()
+        ]
         for task in running:
             task.cancel()
         await asyncio.gather(*self._loops, *running, return_exceptions=True)
@@ -207,74 +213,74 @@ class Node:
 
     # ---------------------------------------------------------------- sessions
 
-    def dispatch(self, d: SessionDispatch) -> NodeSession:
+    def dispatch(self, dispatch: SessionDispatch) -> NodeSession:
         """Take a session (idempotent for the same dispatch) if the node's policy
         allows what it asks for (:class:`PolicyViolation` otherwise)."""
         if self._pipeline is None:
             raise NotStarted(f"node {self.config.node_id} is starting")
-        check_dispatch(d, self.config)
-        held = self.sessions.get(d.session_id)
+        check_dispatch(dispatch, self.config)
+        held = self.sessions.get(dispatch.session_id)
         if held is not None:
-            if held.dispatch.task_id != d.task_id:
+            if held.dispatch.task_id != dispatch.task_id:
                 raise DispatchConflict(
-                    f"session {d.session_id} is held for task {held.dispatch.task_id}"
+                    f"session {dispatch.session_id} is held for task {held.dispatch.task_id}"
                 )
             return held
-        s = NodeSession(dispatch=d)
-        self.sessions[d.session_id] = s
-        s.task = asyncio.ensure_future(self._life(s))
-        return s
+        session = NodeSession(dispatch=dispatch)
+        self.sessions[dispatch.session_id] = session
+        session.task = asyncio.ensure_future(self._life(session))
+        return session
 
-    async def _life(self, s: NodeSession) -> SessionResult:
-        result = await self.pipeline.run(s)
-        await self._deliver(s)
+    async def _life(self, session: NodeSession) -> SessionResult:
+        result = await self.pipeline.run(session)
+        await self._deliver(session)
         return result
 
     async def cancel(self, session_id: str) -> NodeSession | None:
-        s = self.sessions.get(session_id)
-        if s is None:
+        session = self.sessions.get(session_id)
+        if session is None:
             return None
-        if s.task is not None and not s.task.done():
-            s.task.cancel()
+        if session.task is not None and not session.task.done():
+            session.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(s.task)
-        return s
+                await asyncio.shield(session.task)
+        return session
 
     def forget(self, session_id: str) -> bool:
         """Drop a finished session (the server has its result)."""
-        s = self.sessions.get(session_id)
-        if s is None or not s.status.terminal:
+        session = self.sessions.get(session_id)
+        if session is None or not session.status.terminal:
             return False
         del self.sessions[session_id]
         return True
 
     def load(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for s in self.sessions.values():
-            counts[s.status.value] = counts.get(s.status.value, 0) + 1
+        for session in self.sessions.values():
+            counts[session.status.value] = counts.get(session.status.value, 0) + 1
         return counts
 
     # ---------------------------------------------------------------- server link
 
-    async def _deliver(self, s: NodeSession) -> None:
+    async def _deliver(self, session: NodeSession) -> None:
         """POST the result to the dispatch's result URL, retrying with backoff
         (the heartbeat keeps advertising it meanwhile)."""
-        url = s.dispatch.result_url
-        if url is None or s.result is None or self._stopping:
+        url = session.dispatch.result_url
+        if url is None or session.result is None or self._stopping:
             return
         assert self._http is not None
         wait = self.config.result_retry_s
         while True:
             try:
-                reply = await self._http.post(url, content=s.result.model_dump_json())
+                reply = await self._http.post(url, content=session.result.model_dump_json())
                 if reply.status_code < 300:
-                    s.reported = True
+                    session.reported = True
                     return
                 if 400 <= reply.status_code < 500 and reply.status_code not in (404, 408, 429):
-                    _log.error("result of %s refused: %s", s.id, reply.text[:300])
+                    _log.error("result of %s refused: %s", session.id, reply.text[:300])
                     return
             except httpx.HTTPError as exc:
-                _log.warning("result of %s not delivered yet: %s", s.id, exc)
+                _log.warning("result of %s not delivered yet: %s", session.id, exc)
             if self.stopping:
                 return
             await asyncio.sleep(wait)
@@ -282,31 +288,32 @@ class Node:
 
     async def _register(self) -> None:
         assert self._http is not None and self.config.server_url
-        c = self.config
+        config = self.config
         body = NodeRegistration(
-            node_id=c.node_id,
+            node_id=config.node_id,
             url=self.url,
-            capacity=c.capacity,
-            heartbeat_interval_s=c.heartbeat_interval_s,
+            capacity=config.capacity,
+            heartbeat_interval_s=config.heartbeat_interval_s,
         )
         reply = await self._http.post(
-            f"{c.server_url}/nodes/register", content=body.model_dump_json()
+            f"{config.server_url}/nodes/register", content=body.model_dump_json()
         )
         reply.raise_for_status()
-        self._registered.set()
 
     async def _heartbeats(self) -> None:
         assert self._http is not None and self.config.server_url
-        c = self.config
+        config = self.config
         registered = False
         while True:
             try:
                 if not registered:
                     await self._register()
                     registered = True
-                beat = NodeHeartbeat(sessions={sid: s.status for sid, s in self.sessions.items()})
+                beat = NodeHeartbeat(
+                    sessions={sid: session.status for sid, session in self.sessions.items()}
+                )
                 reply = await self._http.post(
-                    f"{c.server_url}/nodes/{c.node_id}/heartbeat",
+                    f"{config.server_url}/nodes/{config.node_id}/heartbeat",
                     content=beat.model_dump_json(),
                 )
                 if reply.status_code == 404:  # the server restarted: register again
@@ -315,9 +322,9 @@ class Node:
                 reply.raise_for_status()
                 await self._obey(HeartbeatReply.model_validate_json(reply.content))
             except (httpx.HTTPError, ValidationError) as exc:
-                _log.warning("rollout server %s unreachable: %s", c.server_url, exc)
+                _log.warning("rollout server %s unreachable: %s", config.server_url, exc)
                 registered = False
-            await asyncio.sleep(c.heartbeat_interval_s)
+            await asyncio.sleep(config.heartbeat_interval_s)
 
     async def _obey(self, reply: HeartbeatReply) -> None:
         for sid in reply.forget:
@@ -326,6 +333,3 @@ class Node:
             _log.warning("cancelling session %s: the rollout server does not want it", sid)
             await self.cancel(sid)
             self.forget(sid)
-
-    async def wait_registered(self, timeout_s: float) -> None:
-        await asyncio.wait_for(self._registered.wait(), timeout_s)

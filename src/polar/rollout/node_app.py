@@ -34,12 +34,12 @@ from polar.rollout.protocol import SessionDispatch
 from polar.runtime.base import GatewayAddress
 
 
-def session_json(s: NodeSession) -> dict[str, object]:
+def session_json(session: NodeSession) -> dict[str, object]:
     return {
-        "session_id": s.id,
-        "task_id": s.dispatch.task_id,
-        "status": s.status.value,
-        "result": s.result.model_dump(mode="json") if s.result is not None else None,
+        "session_id": session.id,
+        "task_id": session.dispatch.task_id,
+        "status": session.status.value,
+        "result": session.result.model_dump(mode="json") if session.result is not None else None,
     }
 
 
@@ -58,10 +58,10 @@ def create_node_app(node: Node) -> Starlette:
 
     def held(request: Request) -> NodeSession:
         sid = request.path_params["session_id"]
-        s = node.sessions.get(sid)
-        if s is None:
+        session = node.sessions.get(sid)
+        if session is None:
             raise ApiError(404, f"no session {sid} on node {node.config.node_id}", "not_found")
-        return s
+        return session
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -76,32 +76,32 @@ def create_node_app(node: Node) -> Starlette:
         )
 
     async def dispatch(request: Request) -> Response:
-        d = await body_of(request, SessionDispatch)
+        asked = await body_of(request, SessionDispatch)
         try:
-            s = node.dispatch(d)
+            session = node.dispatch(asked)
         except PolicyViolation as exc:
             raise ApiError(403, str(exc), "forbidden") from None
         except DispatchConflict as exc:
             raise ApiError(409, str(exc), "conflict") from None
         except NotStarted as exc:
             raise ApiError(503, str(exc), "unavailable") from None
-        return JSONResponse(session_json(s), status_code=202)
+        return JSONResponse(session_json(session), status_code=202)
 
     async def listing(request: Request) -> Response:
-        return JSONResponse({sid: s.status.value for sid, s in node.sessions.items()})
+        return JSONResponse({sid: session.status.value for sid, session in node.sessions.items()})
 
     async def one(request: Request) -> Response:
         return JSONResponse(session_json(held(request)))
 
     async def cancel(request: Request) -> Response:
-        s = held(request)
-        await node.cancel(s.id)
-        return JSONResponse(session_json(s))
+        session = held(request)
+        await node.cancel(session.id)
+        return JSONResponse(session_json(session))
 
     async def forget(request: Request) -> Response:
-        s = held(request)
-        if not node.forget(s.id):
-            raise ApiError(409, f"session {s.id} is still {s.status.value}", "conflict")
+        session = held(request)
+        if not node.forget(session.id):
+            raise ApiError(409, f"session {session.id} is still {session.status.value}", "conflict")
         return Response(status_code=204)
 
     @contextlib.asynccontextmanager

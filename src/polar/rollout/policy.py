@@ -31,29 +31,29 @@ class PolicyViolation(Exception):
     """The dispatch asks for something this node's operator did not allow."""
 
 
-def check_dispatch(d: SessionDispatch, config: NodeConfig) -> None:
+def check_dispatch(dispatch: SessionDispatch, config: NodeConfig) -> None:
     """Raise :class:`PolicyViolation` naming the first thing ``d`` may not do here."""
     policy = config.policy
     named = {
-        "harness": d.harness.name,
-        "builder": d.builder,
-        "evaluator": d.task.evaluator.kind,
+        "harness": dispatch.harness.name,
+        "builder": dispatch.builder,
+        "evaluator": dispatch.task.evaluator.kind,
     }
-    if d.task.runtime is not None:
-        named["runtime backend"] = d.task.runtime.backend
+    if dispatch.task.runtime is not None:
+        named["runtime backend"] = dispatch.task.runtime.backend
     for what, name in named.items():
         if ":" in name and name not in policy.plugins:
             raise PolicyViolation(
                 f"{what} plug-in {name} is not allowed on node {config.node_id} "
                 "(the node's policy.plugins lists those it may load)"
             )
-    if d.task.runtime is not None:
-        check_runtime(d.task.runtime, config)
-    if d.result_url is not None:
+    if dispatch.task.runtime is not None:
+        check_runtime(dispatch.task.runtime, config)
+    if dispatch.result_url is not None:
         server = (config.server_url or "").rstrip("/")
-        if not server or not d.result_url.startswith(server + "/"):
+        if not server or not dispatch.result_url.startswith(server + "/"):
             raise PolicyViolation(
-                f"result_url {d.result_url} is not on this node's rollout server "
+                f"result_url {dispatch.result_url} is not on this node's rollout server "
                 f"({server or 'none'})"
             )
 

@@ -12,9 +12,20 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
+from polar.ir import DeliveryIssue
 from polar.tasks.model import Task
+from polar.trajectory.export import SampleRow
+from polar.trajectory.trace import Accounting, BreakReason, Fate
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
@@ -59,6 +70,21 @@ class TaskStatus(StrEnum):
     COMPLETED = "completed"
     """Every session ended (some may have failed: see the results)."""
     CANCELLED = "cancelled"
+
+
+class EventKind(StrEnum):
+    """What an event of the rollout server's stream (SSE ``event:``) reports."""
+
+    TASK_SUBMITTED = "task.submitted"
+    SESSION_STATUS = "session.status"
+    """A session changed status (queued again as a resample: ``replaces`` names the failed one)."""
+    SESSION_RESULT = "session.result"
+    TASK_FINISHED = "task.finished"
+    """The last event of a task's own stream."""
+    NODE_REGISTERED = "node.registered"
+    NODE_LOST = "node.lost"
+    OVERFLOW = "overflow"
+    """The subscriber read too slowly and was cut off: the stream's last event."""
 
 
 class HarnessSpec(_Model):
@@ -121,12 +147,39 @@ class SessionDispatch(_Model):
     builder: str
     session_timeout_s: float = Field(gt=0)
     group_id: str
-    policy_version: int | None = None
     all_traces: bool = False
     conversations: bool = False
     metadata: dict[str, Any] = Field(default_factory=dict)
     result_url: str | None = None
     """Where the node POSTs the :class:`SessionResult` (None: kept for polling)."""
+
+
+class SessionAccounting(_Model):
+    """Where a session's generated tokens went (:class:`polar.trajectory.trace.Accounting`,
+    less its per-record fates)."""
+
+    captured: int = Field(ge=0)
+    delivered: int = Field(ge=0)
+    delivered_fraction: float
+    missing_logprobs: int = Field(ge=0)
+    quarantined: dict[Fate, int] = Field(default_factory=dict)
+    """Tokens kept out of training, by why."""
+    breaks: dict[BreakReason, int] = Field(default_factory=dict)
+    malformed_tool_calls: int = Field(default=0, ge=0)
+    delivery_flags: dict[DeliveryIssue, int] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, accounting: Accounting) -> SessionAccounting:
+        return cls(
+            captured=accounting.captured,
+            delivered=accounting.delivered,
+            delivered_fraction=accounting.delivered_fraction,
+            missing_logprobs=accounting.missing_logprobs,
+            quarantined=dict(accounting.quarantined),
+            breaks=dict(accounting.breaks),
+            malformed_tool_calls=accounting.malformed_tool_calls,
+            delivery_flags=dict(accounting.delivery_flags),
+        )
 
 
 class SessionResult(_Model):
@@ -145,9 +198,10 @@ class SessionResult(_Model):
     """How the harness ended: exit code, timed out, output tails."""
     timings: dict[str, float] = Field(default_factory=dict)
     """Seconds spent per stage: queued, preparing, ready, running, building, evaluating."""
-    accounting: dict[str, Any] = Field(default_factory=dict)
-    """Where the session's generated tokens went (delivered / quarantined and why)."""
-    samples: list[dict[str, Any]] = Field(default_factory=list)
+    accounting: SessionAccounting | None = None
+    """Where the session's generated tokens went (None: no trajectory was built;
+    ``{}`` on the wire)."""
+    samples: list[SampleRow] = Field(default_factory=list)
     """Trainer samples, one per trainable trace (``polar.trajectory`` export rows);
     one per trace with ``all_traces``."""
     conversations: list[dict[str, Any]] = Field(default_factory=list)
@@ -155,6 +209,17 @@ class SessionResult(_Model):
     (:func:`polar.rollout.conversation.conversation_json`)."""
     records: int = 0
     """Completion records the gateway kept for the session."""
+
+    @field_validator("accounting", mode="before")
+    @classmethod
+    def _no_accounting(cls, value: Any) -> Any:
+        return None if value == {} else value
+
+    @field_serializer("accounting", mode="wrap")
+    def _accounting_or_empty(
+        self, value: SessionAccounting | None, handler: SerializerFunctionWrapHandler
+    ) -> Any:
+        return {} if value is None else handler(value)
 
     @property
     def usable(self) -> bool:

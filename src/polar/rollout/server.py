@@ -18,11 +18,8 @@ reported lost. After a restart, queued sessions resume, dispatched ones are
 reconciled with their node's heartbeats once it re-registers, and those whose
 node never comes back are reported as lost.
 
-**Credentials.** Every route but ``/health`` wants the control token; the
-routes that read one task (its view, result and events) also take that task's
-own read token, handed out once in the answer to its submission (stored as a
-SHA-256 digest). Callbacks carry no token: their body is signed
-(:mod:`polar.rollout.callbacks`).
+Its HTTP API is :mod:`polar.rollout.server_app`; this module is the domain
+object alone, driven by that app's handlers and its lifespan.
 """
 
 from __future__ import annotations
@@ -35,29 +32,16 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import httpx
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from polar.rollout.callbacks import signed_headers
 from polar.rollout.config import ServerConfig
 from polar.rollout.events import EventHub
-from polar.rollout.http import (
-    ApiError,
-    answered,
-    bearer,
-    body_of,
-    guarded,
-    model_response,
-    not_found,
-    token_matches,
-)
+from polar.rollout.http import ApiError
 from polar.rollout.protocol import (
+    EventKind,
     HeartbeatReply,
     NodeHeartbeat,
     NodeRegistration,
@@ -74,7 +58,6 @@ _log = logging.getLogger(__name__)
 
 LOST_GRACE_S = 10.0
 """A dispatched session absent from its node's heartbeat this long after dispatch is lost."""
-MAX_WAIT_S = 300.0
 
 
 @dataclass(slots=True)
@@ -130,11 +113,11 @@ class RolloutServer:
 
     def _recover(self) -> None:
         """After a restart: finish tasks whose sessions all ended, re-send owed callbacks."""
-        for t in self.store.tasks(limit=1_000_000):
-            if t.status is TaskStatus.RUNNING:
-                self._maybe_finish(t.task_id)
-            elif not t.callback_done and t.submission.callback_url:
-                self._spawn(self._callback(t.task_id))
+        for task in self.store.tasks(limit=1_000_000):
+            if task.status is TaskStatus.RUNNING:
+                self._maybe_finish(task.task_id)
+            elif not task.callback_done and task.submission.callback_url:
+                self._spawn(self._callback(task.task_id))
         in_flight = self.store.in_flight()
         if in_flight:
             _log.info(
@@ -157,7 +140,7 @@ class RolloutServer:
         token = secrets.token_urlsafe(32)
         self.store.add_task(task_id, submission, hashlib.sha256(token.encode()).hexdigest())
         self.events.publish(
-            "task.submitted",
+            EventKind.TASK_SUBMITTED,
             task_id=task_id,
             task=submission.task.id,
             num_samples=submission.num_samples,
@@ -173,21 +156,21 @@ class RolloutServer:
         return hmac.compare_digest(hashlib.sha256(given).hexdigest().encode(), digest.encode())
 
     async def cancel_task(self, task_id: str) -> None:
-        t = self.store.task(task_id)
-        if t is None:
+        task = self.store.task(task_id)
+        if task is None:
             raise ApiError(404, f"no task {task_id}", "not_found")
-        if t.status is not TaskStatus.RUNNING:
+        if task.status is not TaskStatus.RUNNING:
             return
         self.store.update_task(task_id, cancel_requested=1)
         await self._cancel_sessions(task_id, "the task was cancelled")
 
     async def _cancel_sessions(self, task_id: str, reason: str) -> None:
-        for s in self.store.sessions_of(task_id):
-            if s.status is SessionStatus.QUEUED:
-                self.store.set_session(s.session_id, SessionStatus.CANCELLED, error=reason)
-                self._session_event(s.session_id)
-            elif not s.status.terminal and s.node_id is not None:
-                self._spawn(self._cancel_on_node(s.node_id, s.session_id))
+        for session in self.store.sessions_of(task_id):
+            if session.status is SessionStatus.QUEUED:
+                self.store.set_session(session.session_id, SessionStatus.CANCELLED, error=reason)
+                self._session_event(session.session_id)
+            elif not session.status.terminal and session.node_id is not None:
+                self._spawn(self._cancel_on_node(session.node_id, session.session_id))
         self._maybe_finish(task_id)
 
     async def _cancel_on_node(self, node_id: str, session_id: str) -> None:
@@ -212,29 +195,29 @@ class RolloutServer:
         return self._is_finished(task_id)
 
     def _is_finished(self, task_id: str) -> bool:
-        t = self.store.task(task_id)
-        return t is not None and t.status is not TaskStatus.RUNNING
+        task = self.store.task(task_id)
+        return task is not None and task.status is not TaskStatus.RUNNING
 
     def _maybe_finish(self, task_id: str) -> None:
-        t = self.store.task(task_id)
-        if t is None or t.status is not TaskStatus.RUNNING:
+        task = self.store.task(task_id)
+        if task is None or task.status is not TaskStatus.RUNNING:
             return
         sessions = self.store.sessions_of(task_id)
-        if any(not s.status.terminal for s in sessions):
+        if any(not session.status.terminal for session in sessions):
             return
-        status = TaskStatus.CANCELLED if t.cancel_requested else TaskStatus.COMPLETED
+        status = TaskStatus.CANCELLED if task.cancel_requested else TaskStatus.COMPLETED
         self.store.update_task(task_id, status=status, finished_at=time.time())
         view = self.store.view(task_id)
         assert view is not None
         self.events.publish(
-            "task.finished",
+            EventKind.TASK_FINISHED,
             task_id=task_id,
             status=status.value,
             counts=view.counts,
             mean_reward=view.mean_reward,
         )
         self._spawn(self._notify_finished())
-        if t.submission.callback_url:
+        if task.submission.callback_url:
             self._spawn(self._callback(task_id))
 
     async def _notify_finished(self) -> None:
@@ -243,13 +226,13 @@ class RolloutServer:
 
     async def _callback(self, task_id: str) -> None:
         """POST the task's result to its callback URL, signed, without a token."""
-        t = self.store.task(task_id)
+        task = self.store.task(task_id)
         result = self.store.result(task_id)
-        url = t.submission.callback_url if t is not None else None
-        if t is None or result is None or url is None or self._callbacks is None:
+        url = task.submission.callback_url if task is not None else None
+        if task is None or result is None or url is None or self._callbacks is None:
             return
         body = result.model_dump_json().encode()
-        secret = t.submission.callback_secret or self.config.control_token
+        secret = task.submission.callback_secret or self.config.control_token
         wait, error = 1.0, None
         for attempt in range(1, self.config.callback_attempts + 1):
             try:
@@ -275,44 +258,50 @@ class RolloutServer:
     # ---------------------------------------------------------------- results
 
     def accept_result(self, result: SessionResult) -> None:
-        s = self.store.session(result.session_id)
-        if s is None or s.task_id != result.task_id:
+        session = self.store.session(result.session_id)
+        if session is None or session.task_id != result.task_id:
             raise ApiError(404, f"no session {result.session_id} of task {result.task_id}")
-        if s.status.terminal:
+        if session.status.terminal:
             return  # delivered twice (a retry after a lost reply): already stored
         if not result.status.terminal:
             raise ApiError(422, f"status {result.status.value} is not a final status")
         self.store.set_result(result)
         self.events.publish(
-            "session.result",
-            task_id=s.task_id,
-            session_id=s.session_id,
-            sample_index=s.sample_index,
+            EventKind.SESSION_RESULT,
+            task_id=session.task_id,
+            session_id=session.session_id,
+            sample_index=session.sample_index,
             status=result.status.value,
             reward=result.reward,
             error=result.error,
         )
-        self._after_session_ended(s.task_id, s.session_id, result.status, result.usable)
+        self._after_session_ended(session.task_id, session.session_id, result.status, result.usable)
 
     def _lost(self, session_id: str, reason: str) -> None:
-        s = self.store.session(session_id)
-        if s is None or s.status.terminal:
+        session = self.store.session(session_id)
+        if session is None or session.status.terminal:
             return
         _log.warning("session %s lost: %s", session_id, reason)
         self.store.set_session(session_id, SessionStatus.ERROR, error=reason)
         self._session_event(session_id)
-        self._after_session_ended(s.task_id, session_id, SessionStatus.ERROR, False)
+        self._after_session_ended(session.task_id, session_id, SessionStatus.ERROR, False)
 
     def _after_session_ended(
         self, task_id: str, session_id: str, status: SessionStatus, usable: bool
     ) -> None:
-        t = self.store.task(task_id)
-        assert t is not None
-        sub = t.submission
+        task = self.store.task(task_id)
+        assert task is not None
+        sub = task.submission
         sessions = self.store.sessions_of(task_id)
-        wanted = t.status is TaskStatus.RUNNING and not t.cancel_requested and not t.early_stopped
+        wanted = (
+            task.status is TaskStatus.RUNNING
+            and not task.cancel_requested
+            and not task.early_stopped
+        )
         if wanted and sub.early_stop_at is not None:
-            usable_count = sum(1 for s in sessions if s.result is not None and s.result.usable)
+            usable_count = sum(
+                1 for session in sessions if session.result is not None and session.result.usable
+            )
             if usable_count >= sub.early_stop_at:
                 self.store.update_task(task_id, early_stopped=1)
                 self._spawn(self._cancel_sessions(task_id, "early stop: the group is full"))
@@ -320,11 +309,11 @@ class RolloutServer:
         failed = status in (SessionStatus.ERROR, SessionStatus.TIMEOUT)
         resampled = len(sessions) - sub.num_samples
         if wanted and failed and resampled < sub.max_resamples:
-            index = max(s.sample_index for s in sessions) + 1
+            index = max(session.sample_index for session in sessions) + 1
             replacement = self.store.add_session(task_id, index)
             self.store.set_replaced(session_id, replacement)
             self.events.publish(
-                "session.status",
+                EventKind.SESSION_STATUS,
                 task_id=task_id,
                 session_id=replacement,
                 sample_index=index,
@@ -336,16 +325,16 @@ class RolloutServer:
         self._maybe_finish(task_id)
 
     def _session_event(self, session_id: str) -> None:
-        s = self.store.session(session_id)
-        if s is not None:
+        session = self.store.session(session_id)
+        if session is not None:
             self.events.publish(
-                "session.status",
-                task_id=s.task_id,
-                session_id=s.session_id,
-                sample_index=s.sample_index,
-                status=s.status.value,
-                node_id=s.node_id,
-                error=s.error,
+                EventKind.SESSION_STATUS,
+                task_id=session.task_id,
+                session_id=session.session_id,
+                sample_index=session.sample_index,
+                status=session.status.value,
+                node_id=session.node_id,
+                error=session.error,
             )
 
     # ---------------------------------------------------------------- nodes
@@ -355,7 +344,9 @@ class RolloutServer:
         self.nodes[registration.node_id] = NodeState(
             registration, draining=old.draining if old else False
         )
-        self.events.publish("node.registered", node_id=registration.node_id, url=registration.url)
+        self.events.publish(
+            EventKind.NODE_REGISTERED, node_id=registration.node_id, url=registration.url
+        )
         self._wake.set()
 
     def heartbeat(self, node_id: str, beat: NodeHeartbeat) -> HeartbeatReply:
@@ -367,29 +358,29 @@ class RolloutServer:
         forget: list[str] = []
         cancel: list[str] = []
         for sid, status in beat.sessions.items():
-            s = self.store.session(sid)
-            if s is None:
+            session = self.store.session(sid)
+            if session is None:
                 cancel.append(sid)  # not ours: an orphan from a lost dispatch
                 continue
-            if s.status.terminal:
+            if session.status.terminal:
                 # Stored or decided here (forget it), or ended here (cancelled while
                 # the node was unreachable, declared lost) while the node still runs it.
                 (forget if status.terminal else cancel).append(sid)
                 continue
             if status.terminal:
                 self._spawn(self._fetch_result(node, sid))
-            elif status is not s.status and status is not SessionStatus.QUEUED:
+            elif status is not session.status and status is not SessionStatus.QUEUED:
                 self.store.set_session(sid, status, node_id=node_id)
                 self._session_event(sid)
         held = set(beat.sessions)
         wall = time.time()
-        for s in self.store.in_flight():
+        for session in self.store.in_flight():
             if (
-                s.node_id == node_id
-                and s.session_id not in held
-                and (s.dispatched_at is None or wall - s.dispatched_at > LOST_GRACE_S)
+                session.node_id == node_id
+                and session.session_id not in held
+                and (session.dispatched_at is None or wall - session.dispatched_at > LOST_GRACE_S)
             ):
-                self._lost(s.session_id, f"node {node_id} no longer holds the session")
+                self._lost(session.session_id, f"node {node_id} no longer holds the session")
         return HeartbeatReply(forget=forget, cancel=cancel)
 
     async def _fetch_result(self, node: NodeState, session_id: str) -> None:
@@ -418,9 +409,9 @@ class RolloutServer:
 
     def _active(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for s in self.store.in_flight():
-            if s.node_id is not None:
-                counts[s.node_id] = counts.get(s.node_id, 0) + 1
+        for session in self.store.in_flight():
+            if session.node_id is not None:
+                counts[session.node_id] = counts.get(session.node_id, 0) + 1
         return counts
 
     def node_view(self, node: NodeState) -> NodeView:
@@ -452,38 +443,39 @@ class RolloutServer:
         if not queued:
             return
         active = self._active()
-        for s in queued:
+        for session in queued:
             candidates = [
-                n
-                for n in self.nodes.values()
-                if self._healthy(n)
-                and not n.draining
-                and active.get(n.id, 0) < n.registration.capacity.sessions
+                candidate
+                for candidate in self.nodes.values()
+                if self._healthy(candidate)
+                and not candidate.draining
+                and active.get(candidate.id, 0) < candidate.registration.capacity.sessions
             ]
             if not candidates:
                 return
             node = max(
                 candidates,
-                key=lambda n: n.registration.capacity.sessions - active.get(n.id, 0),
+                key=lambda candidate: (
+                    candidate.registration.capacity.sessions - active.get(candidate.id, 0)
+                ),
             )
-            if await self._send(node, s):
+            if await self._send(node, session):
                 active[node.id] = active.get(node.id, 0) + 1
 
-    async def _send(self, node: NodeState, s: SessionRow) -> bool:
+    async def _send(self, node: NodeState, session: SessionRow) -> bool:
         assert self._http is not None
-        t = self.store.task(s.task_id)
-        assert t is not None
-        sub = t.submission
+        task = self.store.task(session.task_id)
+        assert task is not None
+        sub = task.submission
         dispatch = SessionDispatch(
-            session_id=s.session_id,
-            task_id=s.task_id,
-            sample_index=s.sample_index,
+            session_id=session.session_id,
+            task_id=session.task_id,
+            sample_index=session.sample_index,
             task=sub.task,
             harness=sub.harness,
             builder=sub.builder,
             session_timeout_s=sub.session_timeout_s,
-            group_id=sub.group_id or s.task_id,
-            policy_version=sub.policy_version,
+            group_id=sub.group_id or session.task_id,
             all_traces=sub.all_traces,
             conversations=sub.conversations,
             metadata=sub.metadata,
@@ -492,7 +484,7 @@ class RolloutServer:
         # Stored first: a crash between here and the node's answer is reconciled
         # by the node's heartbeat (it holds the session, or it is lost).
         self.store.set_session(
-            s.session_id, SessionStatus.DISPATCHED, node_id=node.id, dispatched=True
+            session.session_id, SessionStatus.DISPATCHED, node_id=node.id, dispatched=True
         )
         try:
             reply = await self._http.post(
@@ -501,15 +493,15 @@ class RolloutServer:
         except httpx.HTTPError as exc:
             _log.warning("node %s unreachable: %s", node.id, exc)
             node.last_seen = time.monotonic() - self.config.node_timeout_s  # unhealthy now
-            self.store.set_session(s.session_id, SessionStatus.QUEUED, clear_node=True)
+            self.store.set_session(session.session_id, SessionStatus.QUEUED, clear_node=True)
             return False
         if reply.status_code >= 500:
-            self.store.set_session(s.session_id, SessionStatus.QUEUED, clear_node=True)
+            self.store.set_session(session.session_id, SessionStatus.QUEUED, clear_node=True)
             return False
         if reply.status_code >= 400:
-            self._lost(s.session_id, f"node {node.id} refused the session: {_reason(reply)}")
+            self._lost(session.session_id, f"node {node.id} refused the session: {_reason(reply)}")
             return False
-        self._session_event(s.session_id)
+        self._session_event(session.session_id)
         return True
 
     async def _monitor_loop(self) -> None:
@@ -526,12 +518,12 @@ class RolloutServer:
         for node in list(self.nodes.values()):
             if now - node.last_seen > limit:
                 del self.nodes[node.id]
-                self.events.publish("node.lost", node_id=node.id)
+                self.events.publish(EventKind.NODE_LOST, node_id=node.id)
         if now - self._started_at <= limit:
             return  # nodes that held sessions before a restart may still come back
-        for s in self.store.in_flight():
-            if s.node_id is not None and s.node_id not in self.nodes:
-                self._lost(s.session_id, f"node {s.node_id} stopped answering")
+        for session in self.store.in_flight():
+            if session.node_id is not None and session.node_id not in self.nodes:
+                self._lost(session.session_id, f"node {session.node_id} stopped answering")
 
 
 def _reason(reply: httpx.Response) -> str:
@@ -540,144 +532,3 @@ def _reason(reply: httpx.Response) -> str:
         return str(reply.json()["error"]["message"])[:500]
     except (ValueError, KeyError, TypeError):
         return reply.text[:300]
-
-
-# -------------------------------------------------------------------- HTTP
-
-
-def create_server_app(server: RolloutServer) -> Starlette:
-    token = server.config.control_token
-
-    def reader(request: Request) -> None:
-        """The control token, or the read token of the task in the path."""
-        given = bearer(request)
-        if token_matches(given, token):
-            return
-        if server.may_read(request.path_params.get("task_id", ""), given):
-            return
-        raise ApiError(401, "missing or wrong token", "unauthorized")
-
-    def task_id_of(request: Request) -> str:
-        task_id: str = request.path_params["task_id"]
-        if server.store.task(task_id) is None:
-            raise ApiError(404, f"no task {task_id}", "not_found")
-        return task_id
-
-    async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def submit(request: Request) -> Response:
-        submission = await body_of(request, TaskSubmission)
-        task_id, access = server.submit(submission)
-        view = server.store.view(task_id)
-        assert view is not None
-        return model_response(view.model_copy(update={"access_token": access}), 201)
-
-    async def listing(request: Request) -> Response:
-        status = request.query_params.get("status")
-        try:
-            wanted = TaskStatus(status) if status else None
-        except ValueError:
-            raise ApiError(400, f"unknown status {status!r}") from None
-        rows = server.store.tasks(status=wanted)
-        views = [server.store.view(t.task_id) for t in rows]
-        return JSONResponse([v.model_dump(mode="json") for v in views if v is not None])
-
-    async def one(request: Request) -> Response:
-        view = server.store.view(task_id_of(request))
-        assert view is not None
-        return model_response(view)
-
-    async def result(request: Request) -> Response:
-        task_id = task_id_of(request)
-        raw_wait = request.query_params.get("wait", "0")
-        try:
-            wait = float(raw_wait)
-        except ValueError:
-            raise ApiError(400, f"wait must be a number of seconds, not {raw_wait!r}") from None
-        if not 0 <= wait <= MAX_WAIT_S:
-            raise ApiError(400, f"wait must be between 0 and {MAX_WAIT_S:g} seconds")
-        if not await server.wait_finished(task_id, wait):
-            view = server.store.view(task_id)
-            assert view is not None
-            return model_response(view, 202)
-        outcome = server.store.result(task_id)
-        assert outcome is not None
-        return model_response(outcome)
-
-    async def cancel(request: Request) -> Response:
-        task_id = task_id_of(request)
-        await server.cancel_task(task_id)
-        view = server.store.view(task_id)
-        assert view is not None
-        return model_response(view)
-
-    def events_response(task_id: str | None) -> Response:
-        stream: AsyncIterator[bytes] = server.events.stream(
-            task_id, until_finished=task_id is not None
-        )
-        return StreamingResponse(
-            stream,
-            media_type="text/event-stream",
-            headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
-        )
-
-    async def task_events(request: Request) -> Response:
-        return events_response(task_id_of(request))
-
-    async def all_events(request: Request) -> Response:
-        return events_response(None)
-
-    async def register(request: Request) -> Response:
-        server.register(await body_of(request, NodeRegistration))
-        return JSONResponse({"status": "registered"})
-
-    async def heartbeat(request: Request) -> Response:
-        beat = await body_of(request, NodeHeartbeat)
-        return model_response(server.heartbeat(request.path_params["node_id"], beat))
-
-    async def drain(request: Request) -> Response:
-        undo = request.query_params.get("undo", "false").lower() in ("1", "true", "yes")
-        return model_response(server.drain(request.path_params["node_id"], not undo))
-
-    async def nodes(request: Request) -> Response:
-        views = [server.node_view(n) for n in server.nodes.values()]
-        return JSONResponse([v.model_dump(mode="json") for v in views])
-
-    async def session_result(request: Request) -> Response:
-        server.accept_result(await body_of(request, SessionResult))
-        return JSONResponse({"status": "stored"})
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await server.start()
-        try:
-            yield
-        finally:
-            await server.stop()
-
-    def r(path: str, handler: object, method: str) -> Route:
-        return Route(path, guarded(token, handler), methods=[method])  # type: ignore[arg-type]
-
-    def read(path: str, handler: object) -> Route:
-        return Route(path, answered(handler, reader), methods=["GET"])  # type: ignore[arg-type]
-
-    return Starlette(
-        routes=[
-            Route("/health", health, methods=["GET"]),
-            r("/tasks", submit, "POST"),
-            r("/tasks", listing, "GET"),
-            read("/tasks/{task_id}", one),
-            read("/tasks/{task_id}/result", result),
-            r("/tasks/{task_id}/cancel", cancel, "POST"),
-            read("/tasks/{task_id}/events", task_events),
-            r("/events", all_events, "GET"),
-            r("/nodes", nodes, "GET"),
-            r("/nodes/register", register, "POST"),
-            r("/nodes/{node_id}/heartbeat", heartbeat, "POST"),
-            r("/nodes/{node_id}/drain", drain, "POST"),
-            r("/callbacks/sessions", session_result, "POST"),
-        ],
-        exception_handlers={404: not_found},
-        lifespan=lifespan,
-    )

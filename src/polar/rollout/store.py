@@ -190,7 +190,9 @@ class RolloutStore:
         unknown = set(fields) - allowed
         if unknown:
             raise ValueError(f"unknown task fields {sorted(unknown)}")
-        values = [v.value if isinstance(v, TaskStatus) else v for v in fields.values()]
+        values = [
+            value.value if isinstance(value, TaskStatus) else value for value in fields.values()
+        ]
         assignments = ", ".join(f"{name} = ?" for name in fields)
         self._db.execute(
             f"UPDATE tasks SET {assignments} WHERE task_id = ?",
@@ -219,7 +221,7 @@ class RolloutStore:
                 "SELECT * FROM tasks WHERE status = ? ORDER BY created_at DESC LIMIT ?",
                 (status.value, limit),
             ).fetchall()
-        return [_task_row(r) for r in rows]
+        return [_task_row(row) for row in rows]
 
     def session(self, session_id: str) -> SessionRow | None:
         row = self._db.execute(
@@ -231,7 +233,7 @@ class RolloutStore:
         rows = self._db.execute(
             "SELECT * FROM sessions WHERE task_id = ? ORDER BY sample_index", (task_id,)
         ).fetchall()
-        return [_session_row(r) for r in rows]
+        return [_session_row(row) for row in rows]
 
     def queued(self) -> list[SessionRow]:
         """Queued sessions of running tasks, oldest task first."""
@@ -240,84 +242,92 @@ class RolloutStore:
             "WHERE s.status = ? AND t.status = ? ORDER BY t.created_at, s.sample_index",
             (SessionStatus.QUEUED.value, TaskStatus.RUNNING.value),
         ).fetchall()
-        return [_session_row(r) for r in rows]
+        return [_session_row(row) for row in rows]
 
     def in_flight(self) -> list[SessionRow]:
         """Sessions handed to a node and not ended."""
-        terminal = [s.value for s in SessionStatus if s.terminal] + [SessionStatus.QUEUED.value]
+        terminal = [status.value for status in SessionStatus if status.terminal] + [
+            SessionStatus.QUEUED.value
+        ]
         marks = ", ".join("?" for _ in terminal)
         rows = self._db.execute(
             f"SELECT * FROM sessions WHERE status NOT IN ({marks})",
             terminal,
         ).fetchall()
-        return [_session_row(r) for r in rows]
+        return [_session_row(row) for row in rows]
 
     # ---------------------------------------------------------------- views
 
     def view(self, task_id: str) -> TaskView | None:
-        t = self.task(task_id)
-        if t is None:
+        task = self.task(task_id)
+        if task is None:
             return None
         sessions = self.sessions_of(task_id)
         counts: dict[str, int] = {}
-        for s in sessions:
-            counts[s.status.value] = counts.get(s.status.value, 0) + 1
-        rewards = [s.result.reward for s in sessions if s.result is not None and s.result.usable]
+        for session in sessions:
+            counts[session.status.value] = counts.get(session.status.value, 0) + 1
+        rewards = [
+            session.result.reward
+            for session in sessions
+            if session.result is not None and session.result.usable
+        ]
         return TaskView(
-            task_id=t.task_id,
-            task=t.submission.task.id,
-            group_id=t.submission.group_id or t.task_id,
-            status=t.status,
-            harness=t.submission.harness.name,
-            num_samples=t.submission.num_samples,
-            created_at=t.created_at,
-            finished_at=t.finished_at,
+            task_id=task.task_id,
+            task=task.submission.task.id,
+            group_id=task.submission.group_id or task.task_id,
+            status=task.status,
+            harness=task.submission.harness.name,
+            num_samples=task.submission.num_samples,
+            created_at=task.created_at,
+            finished_at=task.finished_at,
             sessions=[
                 SessionView(
-                    session_id=s.session_id,
-                    sample_index=s.sample_index,
-                    status=s.status,
-                    node_id=s.node_id,
-                    reward=s.result.reward if s.result is not None else None,
-                    error=s.error,
-                    replaced_by=s.replaced_by,
+                    session_id=session.session_id,
+                    sample_index=session.sample_index,
+                    status=session.status,
+                    node_id=session.node_id,
+                    reward=session.result.reward if session.result is not None else None,
+                    error=session.error,
+                    replaced_by=session.replaced_by,
                 )
-                for s in sessions
+                for session in sessions
             ],
             counts=counts,
-            mean_reward=_mean([r for r in rewards if r is not None]),
-            callback_error=t.callback_error,
+            mean_reward=_mean([reward for reward in rewards if reward is not None]),
+            callback_error=task.callback_error,
         )
 
     def result(self, task_id: str) -> TaskResult | None:
-        t = self.task(task_id)
-        if t is None:
+        task = self.task(task_id)
+        if task is None:
             return None
         sessions = self.sessions_of(task_id)
-        results = [s.result or _synthetic(s) for s in sessions]
-        usable = [r for r in results if r.usable]
+        results = [session.result or _synthetic(session) for session in sessions]
+        usable = [result for result in results if result.usable]
         return TaskResult(
             task_id=task_id,
-            task=t.submission.task.id,
-            group_id=t.submission.group_id or task_id,
-            status=t.status,
-            policy_version=t.submission.policy_version,
+            task=task.submission.task.id,
+            group_id=task.submission.group_id or task_id,
+            status=task.status,
+            policy_version=task.submission.policy_version,
             results=results,
-            replaced=[s.session_id for s in sessions if s.replaced_by is not None],
+            replaced=[
+                session.session_id for session in sessions if session.replaced_by is not None
+            ],
             usable=len(usable),
-            mean_reward=_mean([r.reward for r in usable if r.reward is not None]),
+            mean_reward=_mean([result.reward for result in usable if result.reward is not None]),
         )
 
 
-def _synthetic(s: SessionRow) -> SessionResult:
+def _synthetic(session: SessionRow) -> SessionResult:
     """The result of a session that never produced one on a node."""
     return SessionResult(
-        session_id=s.session_id,
-        task_id=s.task_id,
-        sample_index=s.sample_index,
-        node_id=s.node_id,
-        status=s.status,
-        error=s.error,
+        session_id=session.session_id,
+        task_id=session.task_id,
+        sample_index=session.sample_index,
+        node_id=session.node_id,
+        status=session.status,
+        error=session.error,
     )
 
 

@@ -20,9 +20,10 @@ from pathlib import Path
 
 from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.deploy import NodeThread, node_service
-from polar.rollout.server import RolloutServer, create_server_app
+from polar.rollout.server import RolloutServer
+from polar.rollout.server_app import create_server_app
 from polar.runtime.reap import reap
-from polar.serverthread import ServerThread
+from polar.testing.serverthread import ServerThread
 
 
 @dataclass(frozen=True, slots=True)

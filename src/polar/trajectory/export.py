@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from typing_extensions import TypedDict
 
 from polar.atomicfile import atomic_path
 from polar.ir import FinishReason
@@ -101,6 +102,41 @@ class Sample:
 FIELDS = tuple(Sample.__dataclass_fields__)
 
 
+class TurnOffsetRow(TypedDict):
+    record: str
+    start: int
+    sampled_start: int
+    end: int
+
+
+class SampleRow(TypedDict):
+    """A sample as plain JSON values: the JSONL row, and what a session's result
+    carries (``typing_extensions``' ``TypedDict``: pydantic validates it)."""
+
+    trace_id: str
+    session_id: str
+    group_id: str | None
+    builder: str
+    chain: int
+    segment: int
+    chain_class: str
+    break_reason: str | None
+    trainable: bool
+    policy_version: int
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    loss_mask: Sequence[int]
+    rollout_logprobs: Sequence[float]
+    logprob_mask: Sequence[int]
+    reward: float | None
+    reward_scale: float
+    finish_reason: str | None
+    source_records: Sequence[str]
+    turn_offsets: Sequence[TurnOffsetRow]
+    truncated_turns: int
+    malformed_tool_calls: int
+
+
 def samples_of(trajectory: Trajectory, *, include_untrainable: bool = False) -> list[Sample]:
     """The trajectory's traces as rows (by default only those its class policies train)."""
     return [
@@ -136,14 +172,35 @@ def samples_of(trajectory: Trajectory, *, include_untrainable: bool = False) -> 
 # ---------------------------------------------------------------- rows as plain values
 
 
-def row_of(sample: Sample) -> dict[str, Any]:
+def row_of(sample: Sample) -> SampleRow:
     """A sample as plain JSON values (the JSONL row)."""
-    row = {name: getattr(sample, name) for name in FIELDS}
-    row["turn_offsets"] = [
-        {"record": s.record, "start": s.start, "sampled_start": s.sampled_start, "end": s.end}
-        for s in sample.turn_offsets
-    ]
-    return row
+    return SampleRow(
+        trace_id=sample.trace_id,
+        session_id=sample.session_id,
+        group_id=sample.group_id,
+        builder=sample.builder,
+        chain=sample.chain,
+        segment=sample.segment,
+        chain_class=sample.chain_class,
+        break_reason=sample.break_reason,
+        trainable=sample.trainable,
+        policy_version=sample.policy_version,
+        prompt_ids=sample.prompt_ids,
+        response_ids=sample.response_ids,
+        loss_mask=sample.loss_mask,
+        rollout_logprobs=sample.rollout_logprobs,
+        logprob_mask=sample.logprob_mask,
+        reward=sample.reward,
+        reward_scale=sample.reward_scale,
+        finish_reason=sample.finish_reason,
+        source_records=sample.source_records,
+        turn_offsets=[
+            TurnOffsetRow(record=s.record, start=s.start, sampled_start=s.sampled_start, end=s.end)
+            for s in sample.turn_offsets
+        ],
+        truncated_turns=sample.truncated_turns,
+        malformed_tool_calls=sample.malformed_tool_calls,
+    )
 
 
 def sample_from_row(row: Any, where: str = "row") -> Sample:
@@ -292,7 +349,7 @@ def _write_parquet(samples: Sequence[Sample], path: Path) -> None:
     import pyarrow.parquet as pq
 
     schema = _arrow_schema()
-    rows = [row_of(s) for s in samples]
+    rows: list[dict[str, Any]] = [dict(row_of(s)) for s in samples]
     columns = {name: [row[name] for row in rows] for name in FIELDS}
     try:
         table = pa.Table.from_pydict(columns, schema=schema)

@@ -160,10 +160,6 @@ class Trace:
         return tuple(t.record for t in self.turns)
 
     @property
-    def sampled_tokens(self) -> int:
-        return sum(t.end - t.sampled_start for t in self.turns)
-
-    @property
     def tokens(self) -> int:
         """What a trainer processes for this trace: prompt and response."""
         return len(self.prompt_ids) + len(self.response_ids)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from polar.ir import EditKind, FinishReason, PromptOrigin
-from polar.proxy.engines.scripted.vllm_wire import logprob_for
+from polar.testing.scripted.vllm_wire import logprob_for
 
 from support.grammar import check_anthropic_stream, sse_events
 

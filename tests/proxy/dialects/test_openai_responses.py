@@ -5,6 +5,7 @@ event validated against the SDK's types and the documented event order."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -12,7 +13,13 @@ import pytest
 from openai.types.responses import Response
 
 from polar.ir import FinishReason, PromptOrigin
-from polar.proxy.dialects.openai_responses.translate import decrypt_reasoning
+from polar.proxy.dialects.openai_responses.protocol import ENCRYPTED_REASONING, ResponsesRequest
+from polar.proxy.dialects.openai_responses.translate import (
+    decrypt_reasoning,
+    reasoning_item,
+    request_from_ir,
+    request_to_ir,
+)
 
 from support.grammar import check_responses_stream, sse_events
 
@@ -210,3 +217,19 @@ def test_engine_failure_mid_stream_is_response_failed(make_stack: Any) -> None:
     events = sse_events(post(stack, key, body(stream=True)).text)
     assert events[-1][1]["type"] == "response.failed"
     assert events[-1][1]["response"]["error"]["message"]
+
+
+def test_encrypted_reasoning_is_a_typed_field_set_from_include() -> None:
+    """The reply's ``encrypted_content`` follows ``ChatRequest.encrypted_reasoning``,
+    which the translator sets from ``include``; ``include`` itself stays in
+    ``extra`` only to rebuild the body, and nothing decides on it there."""
+    asked = request_to_ir(ResponsesRequest.model_validate(body()))
+    plain = request_to_ir(ResponsesRequest.model_validate(body(include=[])))
+    assert asked.encrypted_reasoning and not plain.encrypted_reasoning
+    assert request_from_ir(asked)["include"] == [ENCRYPTED_REASONING]
+    item = reasoning_item("Think.\n", "rs_1", asked)
+    assert decrypt_reasoning(item["encrypted_content"]) == "Think.\n"
+    assert "encrypted_content" not in reasoning_item("Think.\n", "rs_1", plain)
+    untyped = replace(asked, encrypted_reasoning=False)
+    assert untyped.extra["include"] == [ENCRYPTED_REASONING]
+    assert "encrypted_content" not in reasoning_item("Think.\n", "rs_1", untyped)

@@ -24,7 +24,7 @@ from polar.proxy.engines.embedded import (
     create_engine_app,
     sample,
 )
-from polar.serverthread import ServerThread
+from polar.testing.serverthread import ServerThread
 from polar.tinymodel import TinyModelSpec, build_tiny_model
 
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]

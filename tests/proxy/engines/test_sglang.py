@@ -3,7 +3,7 @@
 SGLang cannot run here (its wheels are CUDA-only), so these tests use the
 scripted engine's SGLang personality: a real HTTP server that answers with
 SGLang's response shapes as its server code defines them (see
-``polar.proxy.engines.scripted.sglang_wire``). That is a faithful fake, not
+``polar.testing.scripted.sglang_wire``). That is a faithful fake, not
 SGLang itself.
 """
 
@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from polar.ir import FinishReason, RecordStatus
-from polar.proxy.engines.scripted import Script, ScriptedEngine
-from polar.proxy.engines.scripted.vllm_wire import logprob_for
+from polar.testing.scripted import Script, ScriptedEngine
+from polar.testing.scripted.vllm_wire import logprob_for
 
 from support.stack import BASH_TOOL
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, assert_never
 
 from polar.ir import (
     ChatRequest,
@@ -358,7 +358,8 @@ def _part_block(part: Part) -> dict[str, Any]:
                 "input": json.loads(arguments),
                 **extra,
             }
-    raise AssertionError(f"unexpected part {part!r}")
+        case _:
+            assert_never(part)
 
 
 def _tool_result_block(message: Message) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, assert_never
 
 import orjson
 
@@ -258,7 +258,7 @@ def request_to_ir(wire: ChatCompletionRequest) -> ChatRequest:
     )
 
 
-def _part_json(part: Part) -> dict[str, Any]:
+def _part_json(part: TextPart | ImagePart) -> dict[str, Any]:
     match part:
         case TextPart(text=text, extra=extra):
             if extra.get("type") == "refusal":
@@ -266,7 +266,8 @@ def _part_json(part: Part) -> dict[str, Any]:
             return {**extra, "text": text}
         case ImagePart(extra=extra):
             return dict(extra)
-    raise AssertionError(f"unexpected part {part!r}")
+        case _:
+            assert_never(part)
 
 
 def _message_json(message: Message) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
-from typing import Any
+from typing import Any, assert_never
 
 from polar.ir import (
     ChatRequest,
@@ -424,13 +424,9 @@ def request_to_ir(wire: ResponsesRequest) -> ChatRequest:
         include_usage=True,
         top_logprobs=wire.top_logprobs,
         response_format=response_format,
+        encrypted_reasoning=ENCRYPTED_REASONING in (wire.include or ()),
         extra=extra,
     )
-
-
-def wants_encrypted_reasoning(request: ChatRequest) -> bool:
-    include = request.extra.get("include")
-    return isinstance(include, list) and ENCRYPTED_REASONING in include
 
 
 # ---------------------------------------------------------------- back to the wire
@@ -445,7 +441,10 @@ def _part_json(part: Part) -> dict[str, Any]:
             return {**fields, "text": text}
         case ImagePart(extra=extra):
             return dict(extra)
-    raise AssertionError(f"unexpected part {part!r}")
+        case ReasoningPart() | ToolCall():
+            raise UnsupportedContent(f"a {part.kind} part cannot be written as message content")
+        case _:
+            assert_never(part)
 
 
 def _content_json(parts: tuple[Part, ...], form: str) -> Any:
@@ -601,7 +600,7 @@ def reasoning_item(text: str, item_id: str, request: ChatRequest) -> dict[str, A
         "summary": [],
         "content": [{"type": "reasoning_text", "text": text}],
     }
-    if wants_encrypted_reasoning(request):
+    if request.encrypted_reasoning:
         item["encrypted_content"] = encrypt_reasoning(text)
     return item
 

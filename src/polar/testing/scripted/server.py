@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import orjson
@@ -18,16 +17,9 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from polar.proxy.engines.base import SESSION_HEADER
-from polar.proxy.engines.scripted import sglang_wire, vllm_wire
-from polar.proxy.engines.scripted.script import ObservedRequest, Script, SessionScripts, Turn
-from polar.serverthread import ServerThread
-
-
-def load_tokenizer(path: Path) -> Any:
-    """The Hugging Face tokenizer (with chat template) in ``path``."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path))
+from polar.testing.scripted import sglang_wire, vllm_wire
+from polar.testing.scripted.script import ObservedRequest, Script, SessionScripts, Turn
+from polar.testing.serverthread import ServerThread
 
 
 @dataclass(slots=True)

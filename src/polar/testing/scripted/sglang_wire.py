@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from polar.proxy.engines.scripted import vllm_wire
+from polar.testing.scripted import vllm_wire
 
 STREAM_FLAG_ERRORS = {
     "return_prompt_token_ids": "return_prompt_token_ids is not supported with streaming. "

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from polar.proxy.engines.scripted import SESSION_HEADER, ScriptError, script_from_dict
+from polar.testing.scripted import SESSION_HEADER, ScriptError, script_from_dict
 
 
 def session_script(word: str) -> dict[str, Any]:

@@ -280,13 +280,6 @@ class Script:
             turns=turns, cycle=bool(data.get("cycle", False)), side=tuple(side), session=session
         )
 
-    @classmethod
-    def from_file(cls, path: Path) -> Script:
-        script = load_script(path)
-        if not isinstance(script, Script):
-            raise ScriptError(f"{path}: holds per-session scripts, not one script")
-        return script
-
 
 @dataclass(frozen=True, slots=True)
 class SessionScripts:

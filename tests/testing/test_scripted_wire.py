@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from polar.proxy.engines.scripted import Script, ScriptedEngine
+from polar.testing.scripted import Script, ScriptedEngine
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 
 
 def _shape(value: Any) -> Any:

@@ -6,7 +6,7 @@ does not match the script gets a loud HTTP 500 and is kept in ``failures``.
 """
 
 from polar.proxy.engines.base import SESSION_HEADER
-from polar.proxy.engines.scripted.script import (
+from polar.testing.scripted.script import (
     Expect,
     Script,
     ScriptedCall,
@@ -16,7 +16,7 @@ from polar.proxy.engines.scripted.script import (
     load_script,
     script_from_dict,
 )
-from polar.proxy.engines.scripted.server import ScriptedEngine
+from polar.testing.scripted.server import ScriptedEngine
 
 __all__ = [
     "SESSION_HEADER",
