@@ -19,7 +19,7 @@ import httpx
 
 from polar.harness import RunSpec, load_harness, run_harness
 from polar.harness.process import ProcessResult
-from polar.ir import CompletionRecord, PromptOrigin
+from polar.ir import CompletionRecord, PromptOrigin, RecordStatus
 from polar.proxy.app import create_app
 from polar.proxy.config import GatewayConfig
 from polar.proxy.gateway import Gateway
@@ -103,6 +103,17 @@ def check_received(exchange: Exchange, record: CompletionRecord, tokenizer: Any)
     assert sep, text
     assert got.reasoning.strip() == reasoning.removeprefix("<think>").strip(), (got, text)
     assert got.text.strip() == TOOL_CALL.sub("", answer).strip(), (got, text)
+
+
+def check_delivered(run: CliRun, tokenizer: Any) -> None:
+    """A multi-call run in which every call completed and every reply the CLI
+    received is what that call's sampled ids decode to."""
+    assert not run.result.timed_out, run.detail
+    assert len(run.records) >= 2, run.detail
+    assert len(run.posts) == len(run.records), (len(run.posts), len(run.records))
+    for exchange, record in zip(run.posts, run.records, strict=True):
+        assert record.status is RecordStatus.COMPLETED, record.error
+        check_received(exchange, record, tokenizer)
 
 
 def extending(records: list[CompletionRecord]) -> list[tuple[CompletionRecord, CompletionRecord]]:
