@@ -11,8 +11,8 @@ from openai import OpenAI
 
 from polar.ir import CompletionRecord
 from polar.proxy.app import create_app
+from polar.proxy.capture import build_capture
 from polar.proxy.config import GatewayConfig, RenderConfig
-from polar.proxy.engines.registry import build_capture
 from polar.proxy.gateway import Gateway
 from polar.proxy.render.template import ChatTemplate
 from polar.proxy.store import SqliteStore

@@ -9,6 +9,8 @@
   and tool calls out of the sampled tokens as they stream. Rendering and
   tokenizing run on :class:`~polar.proxy.offload.Offload` workers, never on
   the event loop; a conversation the chat template refuses is a 400.
+
+:func:`build_capture` builds the one a gateway config describes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Protocol, TypeVar, assert_never
 
 from jinja2 import TemplateError
 
+from polar.configfile import ConfigError
 from polar.ir import (
     CaptureMode,
     ChatRequest,
@@ -42,16 +45,19 @@ from polar.ir import (
     ToolCall,
     ToolSpec,
 )
+from polar.proxy.config import GatewayConfig
 from polar.proxy.engines.base import NO_HEADERS, ChatEngine, Headers, TokenEngine, TokenRequest
+from polar.proxy.engines.registry import CHAT_ENGINES, TOKEN_ENGINES, context_window, engine_factory
 from polar.proxy.errors import InvalidRequest
 from polar.proxy.logtext import clip
 from polar.proxy.maxtokens import ContextWindow, limited
 from polar.proxy.offload import Offload
 from polar.proxy.render.delivery import ParsedTurn, Redelivery, call_flags, withdrawn_flags
-from polar.proxy.render.parse import OutputParser, ParserOptions, Piece
+from polar.proxy.render.parse import OutputParser, ParserOptions, Piece, ToolFormat
 from polar.proxy.render.splice import PromptPlan, Transcript, plan_prompt
 from polar.proxy.render.template import ChatTemplate
 from polar.proxy.render.tokens import TokenText
+from polar.tokenizer import TokenizerLoadError, load_tokenizer
 
 T = TypeVar("T")
 
@@ -358,3 +364,60 @@ def request_size(request: ChatRequest) -> int:
                 case _:
                     assert_never(part)
     return size + sum(len(str(tool.parameters)) for tool in request.tools)
+
+
+def build_capture(
+    config: GatewayConfig, *, template: ChatTemplate | None = None, offload: Offload | None = None
+) -> Capture:
+    """The capture ``config`` describes. ``template``: the chat template
+    ``config.render`` names, already loaded (gateways in one process can share
+    one; loading a tokenizer takes a good part of a second). ``offload``: the
+    workers that render prompts (token-in/token-out), the gateway's own."""
+    kind = config.engine.kind
+    context = context_window(config.engine)
+    if config.capture is CaptureMode.ENGINE_RENDERED:
+        if kind == "embedded":
+            raise ConfigError(
+                "engine.kind: the embedded engine takes token ids; use capture: token_in_token_out"
+            )
+        chat = engine_factory(kind, CHAT_ENGINES)(config)
+        if config.render.engine_output == "engine_parser":
+            return EngineRendered(chat, context=context)
+        template = template or _template(config)
+        return EngineRendered(
+            chat,
+            context=context,
+            reparse=Reparse(
+                text=template.text,
+                parser=_parser_options(config),
+                stop_token_ids=(template.end_of_turn_id, *config.render.stop_token_ids),
+            ),
+        )
+    tokens = engine_factory(kind, TOKEN_ENGINES)(config)
+    return GatewayRendered(
+        template or _template(config),
+        tokens,
+        parser=_parser_options(config),
+        stop_token_ids=tuple(config.render.stop_token_ids),
+        context=context,
+        offload=offload,
+    )
+
+
+def _template(config: GatewayConfig) -> ChatTemplate:
+    render = config.render
+    try:
+        tokenizer = load_tokenizer(render.tokenizer)
+    except TokenizerLoadError as exc:
+        raise ConfigError(f"render.tokenizer: {exc}") from None
+    try:
+        return ChatTemplate(
+            tokenizer, template_kwargs=render.template_kwargs, end_of_turn=render.end_of_turn
+        )
+    except ValueError as exc:
+        raise ConfigError(f"render.end_of_turn: {exc}") from None
+
+
+def _parser_options(config: GatewayConfig) -> ParserOptions:
+    render = config.render
+    return ParserOptions(tool_format=ToolFormat(render.tool_format), reasoning=render.reasoning)

@@ -19,9 +19,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from polar.ir import CompletionRecord, Dialect
-from polar.proxy.capture import Capture
+from polar.proxy.capture import Capture, build_capture
 from polar.proxy.config import GatewayConfig
-from polar.proxy.engines.registry import build_capture
 from polar.proxy.errors import AuthenticationFailed, StoreUnavailable
 from polar.proxy.gate import Gate
 from polar.proxy.inbound import BodyLimits

@@ -10,8 +10,8 @@ import pytest
 
 from polar.configfile import ConfigError
 from polar.ir import CaptureMode
+from polar.proxy.capture import build_capture
 from polar.proxy.config import GatewayConfig
-from polar.proxy.engines.registry import build_capture
 
 ENGINE_URL = "http://127.0.0.1:9"  # nothing listens: building a capture connects to nothing
 

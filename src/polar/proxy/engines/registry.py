@@ -1,4 +1,4 @@
-"""Engines and capture modes by name: built-ins, or ``package.module:factory`` plug-ins.
+"""Engines by name: built-ins, or ``package.module:factory`` plug-ins.
 
 A plug-in factory takes the :class:`~polar.proxy.config.GatewayConfig` and
 returns a :class:`~polar.proxy.engines.base.ChatEngine` (engine-rendered
@@ -12,9 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from polar.configfile import ConfigError
-from polar.ir import CaptureMode
 from polar.plugins import load_factory
-from polar.proxy.capture import Capture, EngineRendered, GatewayRendered, Reparse
 from polar.proxy.config import EngineConfig, GatewayConfig
 from polar.proxy.engines.base import ChatEngine, TokenEngine
 from polar.proxy.engines.sglang import SglangChatEngine
@@ -23,10 +21,6 @@ from polar.proxy.engines.transport import EngineTransport
 from polar.proxy.engines.vllm import VllmChatEngine
 from polar.proxy.engines.vllm_tokens import VllmTokenEngine
 from polar.proxy.maxtokens import ContextWindow, context_from_models
-from polar.proxy.offload import Offload
-from polar.proxy.render.parse import ParserOptions, ToolFormat
-from polar.proxy.render.template import ChatTemplate
-from polar.tokenizer import TokenizerLoadError, load_tokenizer
 
 
 def _transport(config: EngineConfig) -> EngineTransport:
@@ -62,7 +56,8 @@ TOKEN_ENGINES: Mapping[str, Callable[[GatewayConfig], TokenEngine]] = {
 with the whole gateway config."""
 
 
-def _engine(kind: str, builtins: Mapping[str, object]) -> Callable[[GatewayConfig], Any]:
+def engine_factory(kind: str, builtins: Mapping[str, object]) -> Callable[[GatewayConfig], Any]:
+    """The factory of engine ``kind``: a built-in of ``builtins``, or a plug-in."""
     return load_factory(
         kind,
         kind="engine",
@@ -82,60 +77,3 @@ def context_window(config: EngineConfig) -> ContextWindow:
             await transport.aclose()
 
     return ContextWindow(config.max_model_len, fetch, default_max_tokens=config.default_max_tokens)
-
-
-def build_capture(
-    config: GatewayConfig, *, template: ChatTemplate | None = None, offload: Offload | None = None
-) -> Capture:
-    """The capture ``config`` describes. ``template``: the chat template
-    ``config.render`` names, already loaded (gateways in one process can share
-    one; loading a tokenizer takes a good part of a second). ``offload``: the
-    workers that render prompts (token-in/token-out), the gateway's own."""
-    kind = config.engine.kind
-    context = context_window(config.engine)
-    if config.capture is CaptureMode.ENGINE_RENDERED:
-        if kind == "embedded":
-            raise ConfigError(
-                "engine.kind: the embedded engine takes token ids; use capture: token_in_token_out"
-            )
-        chat = _engine(kind, CHAT_ENGINES)(config)
-        if config.render.engine_output == "engine_parser":
-            return EngineRendered(chat, context=context)
-        template = template or _template(config)
-        return EngineRendered(
-            chat,
-            context=context,
-            reparse=Reparse(
-                text=template.text,
-                parser=_parser_options(config),
-                stop_token_ids=(template.end_of_turn_id, *config.render.stop_token_ids),
-            ),
-        )
-    tokens = _engine(kind, TOKEN_ENGINES)(config)
-    return GatewayRendered(
-        template or _template(config),
-        tokens,
-        parser=_parser_options(config),
-        stop_token_ids=tuple(config.render.stop_token_ids),
-        context=context,
-        offload=offload,
-    )
-
-
-def _template(config: GatewayConfig) -> ChatTemplate:
-    render = config.render
-    try:
-        tokenizer = load_tokenizer(render.tokenizer)
-    except TokenizerLoadError as exc:
-        raise ConfigError(f"render.tokenizer: {exc}") from None
-    try:
-        return ChatTemplate(
-            tokenizer, template_kwargs=render.template_kwargs, end_of_turn=render.end_of_turn
-        )
-    except ValueError as exc:
-        raise ConfigError(f"render.end_of_turn: {exc}") from None
-
-
-def _parser_options(config: GatewayConfig) -> ParserOptions:
-    render = config.render
-    return ParserOptions(tool_format=ToolFormat(render.tool_format), reasoning=render.reasoning)
