@@ -382,12 +382,12 @@ def status(
                     typer.echo(view.model_dump_json(indent=2))
                     return
                 typer.echo(f"{view.task_id} {view.task} [{view.status.value}] {view.harness}")
-                for s in view.sessions:
-                    reward = "-" if s.reward is None else f"{s.reward:g}"
-                    extra = f"  ({s.error})" if s.error else ""
+                for session in view.sessions:
+                    reward = "-" if session.reward is None else f"{session.reward:g}"
+                    extra = f"  ({session.error})" if session.error else ""
                     typer.echo(
-                        f"  {s.session_id} {s.status.value:<10} reward {reward:<5} "
-                        f"node {s.node_id or '-'}{extra}"
+                        f"  {session.session_id} {session.status.value:<10} reward {reward:<5} "
+                        f"node {session.node_id or '-'}{extra}"
                     )
                 return
             views = client.tasks()
@@ -400,12 +400,14 @@ def status(
         )
         return
     typer.echo(f"nodes: {len(nodes)}")
-    for n in nodes:
-        health = "healthy" if n["healthy"] else "unhealthy"
-        drain = ", draining" if n["draining"] else ""
-        typer.echo(f"  {n['node_id']} {n['url']} {health}{drain}, {n['active']} sessions")
+    for node in nodes:
+        health = "healthy" if node["healthy"] else "unhealthy"
+        drain = ", draining" if node["draining"] else ""
+        typer.echo(f"  {node['node_id']} {node['url']} {health}{drain}, {node['active']} sessions")
     typer.echo(f"tasks: {len(views)}")
-    for v in views:
-        mean = "-" if v.mean_reward is None else f"{v.mean_reward:.3f}"
-        counts = ", ".join(f"{k} {c}" for k, c in sorted(v.counts.items()))
-        typer.echo(f"  {v.task_id} {v.task} [{v.status.value}] {counts}; mean reward {mean}")
+    for view in views:
+        mean = "-" if view.mean_reward is None else f"{view.mean_reward:.3f}"
+        counts = ", ".join(f"{status} {n}" for status, n in sorted(view.counts.items()))
+        typer.echo(
+            f"  {view.task_id} {view.task} [{view.status.value}] {counts}; mean reward {mean}"
+        )
