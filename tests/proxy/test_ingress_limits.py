@@ -58,14 +58,17 @@ def test_deep_nesting_is_a_400_in_every_dialect_and_the_gateway_lives_on(
     assert all(r.original_request["x_extra"] is not None for r in records)
 
 
+@pytest.mark.parametrize("capture", CAPTURES)
 def test_deep_tool_schemas_and_empty_conversations_never_reach_the_template(
-    make_stack: Any,
+    make_stack: Any, capture: str
 ) -> None:
     """Token-in/token-out mode: a 500-deep tool schema used to be a template
     ``RecursionError`` (500), and the fuzz test once found a Responses request
     with no input reaching the template (500 ``Cannot apply chat template to an
-    empty conversation``). Both are 400s now, in every dialect."""
-    stack = make_stack({"turns": [{"text": "ok"}]}, capture="token_in_token_out")
+    empty conversation``). Engine-rendered mode sent that empty conversation to
+    the engine, whose template refused it: a 502 (2 of 10,000 fuzzed Responses
+    requests). All are 400s now, in every dialect and both modes."""
+    stack = make_stack({"turns": [{"text": "ok"}]}, capture=capture)
     _, key = stack.new_session()
     # Built as bytes: json.dumps itself would recurse that deep.
     schema = b'{"type": "object", "properties": {"a": ' * 500 + b'{"type": "string"}' + b"}}" * 500

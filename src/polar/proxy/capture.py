@@ -143,6 +143,7 @@ class EngineRendered:
     async def prepare(
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
     ) -> PreparedCall:
+        _need_messages(request)  # as in token mode: the engine is not asked to render nothing
         context = await self.context.length()
         # The engine renders the prompt: only it can say how long it is.
         prompt = await self.engine.count_tokens(request) if context is not None else 0
