@@ -29,10 +29,9 @@ from polar.proxy.engines.vllm_process import VllmProcess
 from polar.trajectory import BuildConfig, PrefixMerge, TurnFormat
 
 from support.cli_runs import check_delivered, extending, run_cli
+from support.paths import VLLM_PYTHON
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".cache" / "venv-vllm" / "bin" / "python"
 
 
 @pytest.fixture(scope="module")

@@ -32,14 +32,12 @@ from polar.tinymodel import build_tiny_model
 from polar.trajectory import BuildConfig, PerRequest, TurnFormat
 
 from support.dialects import PARSE
-from support.paths import FIXTURES
+from support.paths import FIXTURES, VLLM_PYTHON
 from support.stack import ADMIN_TOKEN, BASH_TOOL
 from support.training import greedy_next
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[3]
-VLLM_PYTHON = REPO / ".cache" / "venv-vllm" / "bin" / "python"
 
 HISTORY = [
     {"role": "system", "content": "You are a careful coding agent."},
