@@ -19,40 +19,47 @@ that submits) would make the task about format rather than the answer; the
 ``shell`` preset is the product's own harness for "any agent program".
 
 The task family (``make_tasks``): "The secret number of <name> is <d>.
-Answer with the number only." The reward is 1 when the agent's answer is
-exactly ``<d>``, else 0. Instances are (name, digit) pairs; a seeded split
-holds some pairs out (every digit and every name is seen in training, never
-the held-out pair). A random model never answers a bare digit, so:
+Answer with the number only." Instances are (name, digit) pairs; a seeded
+split holds some pairs out (every digit and every name is seen in training,
+never the held-out pair). The reward (``SCORER``, run by the task's
+``command`` evaluator) is 1 for exactly ``<d>``, 0.25 for the right number
+among other words ("7 is the number."), 0 otherwise. Two skills make a
+reward of 1: copying the digit (specific to each instance) and stopping after
+it, as the instruction asks (one behaviour shared by every instance). A random
+model never answers a bare digit, so:
 
 1. **SFT data through the same pipeline** (:class:`polar.sft.Generation`): a
-   scripted expert (the scripted engine, right on ``--expert-accuracy`` of the
-   attempts, a wrong digit otherwise) answers every training task a few times;
-   the rollout service runs and scores each attempt; the acceptance rule
-   ``reward >= 1`` keeps the right ones; the token export is the SFT data.
-2. **Warm start**: :func:`polar.sft.finetune` for a few steps only (under-trained
-   on purpose: the target is a held-out reward of at most 0.5 to start from).
+   scripted expert (the scripted engine) answers every training task; it says
+   the right digit on ``--expert-accuracy`` of the attempts and a wrong one
+   otherwise, and on ``--expert-bare`` of them the digit alone, else the digit
+   followed by " is the number."; the rollout service runs and scores each
+   attempt; the acceptance rule ``reward > 0`` keeps the right numbers in
+   either form; the token export is the SFT data.
+2. **Warm start**: :func:`polar.sft.finetune`. It learns to copy the digit,
+   and it imitates the expert's mixture of forms: most of its answers carry
+   the extra words, so its reward starts at or below 0.5 although the number
+   is mostly right (``--expert-bare 0.3`` bounds it near 0.3 + 0.7 x 0.25).
 3. **GRPO**: the reference trainer, groups of ``--group-size`` sessions,
    asynchronous (``max_inflight_groups`` above ``groups_per_step``), held-out
    and a fixed subset of training tasks evaluated every ``--eval-every`` steps
    through the same rollout service (sampled at temperature 1, like training).
+   Within a group, the answers that stop after the digit score above those
+   that do not, on every task alike: GRPO moves the shared behaviour the
+   warm start samples too rarely, and held-out instances gain with the
+   training ones.
 
 Outputs under ``--out``: ``learning.json`` (settings, the SFT statistics, the
-SFT-only baseline, per-step figures, wall times) and ``learning.png`` (mean
-reward per step on training groups, on the training-task evaluation and on
-held-out instances, against the SFT-only baseline).
+SFT-only baseline, per-step figures, the exact-answer fraction beside each
+mean reward, wall times) and ``learning.png`` (mean reward per step on
+training groups, on the training-task evaluation and on held-out instances,
+against the SFT-only baseline).
 
-Measured here (default settings, seed 0, 2 shared cores under load; figures and
-plot in ``docs/figures/learning.{json,png}``): the warm start scores 0.50 on
-held-out instances and 0.41 on the training-task evaluation; after 30 GRPO
-steps, 0.55 and 0.38 (held-out evaluations at steps 0-30: 0.50, 0.33, 0.30,
-0.38, 0.33, 0.38, 0.55; 40 sessions each). Reward does not rise: the target
-(held-out >= 0.8) is not met. Shorter in-process runs of the same loss at
-learning rates 1e-4 to 3e-3, 4-16 groups per step, with and without std-scaled
-advantages, were flat as well (1e-2 collapses the policy), while 15 steps on 4
-fixed training tasks raise their reward from 0.25 to about 0.65: the trainer
-learns a task, but within this budget it does not teach the tiny model the
-shared "copy the digit" behaviour. The full run took 38 minutes here (31 of
-them GRPO, about 40 s a step under the shared machine's load).
+Measured here: see ``docs/figures/learning.{json,png}`` and the README
+(Benchmarks). An earlier design (reward 1 only for the exact digit, the
+expert always bare, 130 SFT steps) did not learn: the copy skill forms late
+and abruptly in SFT, a warm start at 0.5 sits in the middle of that
+transition, and 30 GRPO steps of 4 tasks each did not move it (held-out
+0.50 -> 0.55).
 """
 
 from __future__ import annotations
@@ -116,9 +123,12 @@ open("answer.txt", "w").write(message.get("content") or "")
 """The agent: one chat call with the instruction, the answer's content to a file."""
 
 SCORER = (
-    'python3 -c \'import sys; a = open("answer.txt").read().strip(); '
-    'open("reward.txt", "w").write("1" if a == sys.argv[1] else "0")\' {answer}'
+    'python3 -c \'import re, sys; a = open("answer.txt").read().strip(); d = sys.argv[1]; '
+    'r = "1" if a == d else "0.25" if re.findall("[0-9]+", a) == [d] else "0"; '
+    'open("reward.txt", "w").write(r)\' {answer}'
 )
+"""Reward 1 for exactly the number, 0.25 for the right number with other words
+around it (the instruction asks for the number only), 0 otherwise."""
 
 
 # ---------------------------------------------------------------- the task family
@@ -224,19 +234,26 @@ def rollout_service(root: Path, engine: dict[str, Any], model: str) -> Iterator[
 # ---------------------------------------------------------------- stage 1: SFT data
 
 
-def expert_script(tasks: list[dict[str, Any]], attempts: int, accuracy: float, seed: int) -> Any:
-    """The scripted expert: attempt ``k`` of each task answers the right digit
-    with probability ``accuracy`` (seeded), a wrong one otherwise."""
+def expert_script(
+    tasks: list[dict[str, Any]], attempts: int, accuracy: float, bare: float, seed: int
+) -> Any:
+    """The scripted expert: attempt ``k`` of each task says the right digit
+    with probability ``accuracy`` (seeded), a wrong one otherwise; a right
+    digit alone with probability ``bare``, else followed by " is the number."
+    (the right number, but not the number only)."""
     rng = random.Random(seed)
     sessions = []
     for task in tasks:
         answer = int(task["metadata"]["answer"])
         for k in range(attempts):
-            said = answer if rng.random() < accuracy else (answer + rng.randint(1, 9)) % 10
+            right = rng.random() < accuracy
+            said = str(answer if right else (answer + rng.randint(1, 9)) % 10)
+            if rng.random() >= bare:
+                said += " is the number."
             sessions.append(
                 {
                     "session": re.escape(f"sft.{task['id']}.a{k}-s0") + "$",
-                    "turns": [{"text": str(said)}],
+                    "turns": [{"text": said}],
                 }
             )
     return {"sessions": sessions}
@@ -250,7 +267,9 @@ def generate_sft(
     from polar.tasks.model import Task
     from polar.testing.scripted import ScriptedEngine, script_from_dict
 
-    script = expert_script(tasks, args.sft_attempts, args.expert_accuracy, args.seed)
+    script = expert_script(
+        tasks, args.sft_attempts, args.expert_accuracy, args.expert_bare, args.seed
+    )
     engine = ScriptedEngine(script_from_dict(script), tokenizer).start()
     out = root / "sft-data"
     shutil.rmtree(out, ignore_errors=True)
@@ -259,7 +278,7 @@ def generate_sft(
             "out": str(out),
             "harness": HARNESS,
             "attempts": args.sft_attempts,
-            "accept": "reward >= 1",
+            "accept": "reward > 0",
             "session_timeout_s": 120,
             "max_in_flight": 8,
             "formats": [ExportFormat.JSONL],
@@ -457,13 +476,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout", type=int, default=10)
     parser.add_argument("--sft-attempts", type=int, default=1)
     parser.add_argument("--expert-accuracy", type=float, default=0.8)
-    parser.add_argument("--sft-steps", type=int, default=130)
+    parser.add_argument("--expert-bare", type=float, default=0.3)
+    parser.add_argument("--sft-steps", type=int, default=300)
     parser.add_argument("--sft-lr", type=float, default=1e-2)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--eval-every", type=int, default=6)
     parser.add_argument("--eval-group-size", type=int, default=4)
     parser.add_argument("--train-eval", type=int, default=8)
     args = parser.parse_args(argv)
@@ -518,8 +538,10 @@ def main(argv: list[str] | None = None) -> int:
                 "policy_version": int(e.get("policy_version", 0)),
                 "heldout_reward": e["eval/reward_mean"],
                 "heldout_sessions": e["eval/usable"],
+                "heldout_exact": e["eval/solved_fraction"],
                 "train_eval_reward": e["train_eval/reward_mean"],
                 "train_eval_sessions": e["train_eval/usable"],
+                "train_eval_exact": e["train_eval/solved_fraction"],
             }
             for e in evaluations
         ],

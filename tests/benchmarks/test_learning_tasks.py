@@ -52,9 +52,23 @@ def test_the_split_holds_out_pairs_whose_name_and_digit_are_both_trained(
 
 @pytest.mark.parametrize(
     ("answer", "reward"),
-    [("7", "1"), ("7\n", "1"), (" 7 ", "1"), ("8", "0"), ("77", "0"), ("", "0"), ("7.", "0")],
+    [
+        ("7", "1"),
+        ("7\n", "1"),
+        (" 7 ", "1"),
+        ("7 is the number.", "0.25"),
+        ("7.", "0.25"),
+        ("The number is 7", "0.25"),
+        ("8", "0"),
+        ("8 is the number.", "0"),
+        ("77", "0"),
+        ("7 or 7", "0"),
+        ("7 and 8", "0"),
+        ("", "0"),
+        ("seven", "0"),
+    ],
 )
-def test_the_scorer_rewards_exactly_the_right_digit(
+def test_the_scorer_gives_1_for_the_number_only_and_a_quarter_for_it_among_words(
     tmp_path: Path, answer: str, reward: str
 ) -> None:
     (row,) = [
@@ -68,18 +82,21 @@ def test_the_scorer_rewards_exactly_the_right_digit(
     assert (tmp_path / "reward.txt").read_text() == reward
 
 
-def test_the_scripted_expert_answers_each_attempt_right_at_the_given_rate(
-    tmp_path: Path,
-) -> None:
+def test_the_scripted_expert_answers_right_and_bare_at_the_given_rates(tmp_path: Path) -> None:
     train, _ = learning.make_tasks(tmp_path, names=12, heldout=10, seed=0)
-    script = learning.expert_script(train, 2, 0.8, 0)
+    script = learning.expert_script(train, 2, 0.8, 0.3, 0)
     sessions = script["sessions"]
     assert len(sessions) == 2 * len(train)
-    right = 0
+    right = bare = 0
     for i, session in enumerate(sessions):
         task = train[i // 2]
         assert re.fullmatch(session["session"], f"sft.{task['id']}.a{i % 2}-s0")
         said = session["turns"][0]["text"]
-        assert said.isdigit() and len(said) == 1
-        right += said == task["metadata"]["answer"]
+        digit, rest = said[0], said[1:]
+        assert digit.isdigit() and rest in ("", " is the number.")
+        right += digit == task["metadata"]["answer"]
+        bare += rest == ""
     assert 0.7 < right / len(sessions) < 0.9
+    assert 0.2 < bare / len(sessions) < 0.4
+    # the same seed gives the same script
+    assert learning.expert_script(train, 2, 0.8, 0.3, 0) == script
