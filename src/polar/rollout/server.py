@@ -396,6 +396,17 @@ class RolloutServer:
                 self._lost(session.session_id, f"node {node_id} no longer holds the session")
         return HeartbeatReply(forget=forget, cancel=cancel)
 
+    def node_died(self, node_id: str, reason: str) -> None:
+        """A node known to be gone (its Ray actor died): forgotten now, and its sessions
+        end ERROR with ``reason`` (resampled where allowed), without waiting for the
+        heartbeat timeout."""
+        if self.nodes.pop(node_id, None) is not None:
+            self.store.drop_node(node_id)
+            self.events.publish(EventKind.NODE_LOST, node_id=node_id)
+        for session in self.store.in_flight():
+            if session.node_id == node_id:
+                self._lost(session.session_id, f"node {node_id} died: {reason}")
+
     async def _fetch_result(self, node: NodeState, session_id: str) -> None:
         """Pull a finished session's result that the node has not delivered yet."""
         assert self._http is not None
