@@ -1,5 +1,5 @@
 """Fixtures of the dashboard tests: a record store of the recorded CLI sessions,
-a dashboard over it, and one headless Chromium for the module."""
+a dashboard over it, and one headless Chromium for all of them."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def dashboard(recorded_store: Path, tokenizer: Any) -> Iterator[Dashboard]:
     board.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Headless Chromium. Without Debian's chromium and chromium-driver these tests
     skip, except in CI (``scripts/setup --browser`` installs them there), where
