@@ -84,7 +84,8 @@ class Dashboard:
     """The dashboard app on a real HTTP server (stopped by :meth:`close`)."""
 
     def __init__(self, tokenizer: Any, **config: Any) -> None:
-        self.config = DashboardConfig(control_token=TOKEN, port=0, **config)
+        config.setdefault("control_token", TOKEN)
+        self.config = DashboardConfig(port=0, **config)
         self.thread = ServerThread(create_dashboard_app(self.config, tokenizer)).start()
         self.url = self.thread.url
 
