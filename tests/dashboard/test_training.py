@@ -6,39 +6,21 @@ would take minutes) and an SFT generation's statistics written by
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 from typing import Any
 
 from selenium.webdriver.common.by import By
 
-from polar.sft.stats import GenerationStats
-from polar.sft.verdict import AttemptKey, FilterReason, Filters, Outcome, Verdict
 from polar.train.tracking import MetricsLog
 
-from support.dashboard import Dashboard, console_errors, log_in, wait_for
-
-
-def step_metrics(step: int) -> dict[str, float]:
-    return {
-        "reward/mean": 0.2 + 0.6 * (1 - math.exp(-step / 8)),
-        "groups/zero_advantage_fraction": 0.5 * math.exp(-step / 10),
-        "mismatch/kl": 1e-3 * (1 + step % 3),
-        "loss/kl": 2e-3,
-        "staleness/mean": step % 2,
-        "staleness/max": 1 + step % 2,
-    }
-
-
-def write_stats(path: Path, attempts: int) -> None:
-    verdicts = [
-        Verdict(AttemptKey("fix-bug", i), Outcome.ACCEPTED if i % 2 == 0 else Outcome.TESTS_FAILED)
-        for i in range(attempts)
-    ]
-    verdicts.append(Verdict(AttemptKey("add-test", 0), Outcome.FILTERED, FilterReason.TOO_LONG))
-    stats = GenerationStats.of("resolved", Filters(), {"fix-bug": 4, "add-test": 2}, verdicts)
-    path.write_text(json.dumps(stats.to_json()))
+from support.dashboard import (
+    Dashboard,
+    console_errors,
+    log_in,
+    step_metrics,
+    wait_for,
+    write_stats,
+)
 
 
 def test_training_curves_and_sft_statistics_follow_their_files(
@@ -65,6 +47,7 @@ def test_training_curves_and_sft_statistics_follow_their_files(
         assert "1 line(s) unreadable" in browser.find_element(By.CSS_SELECTOR, "main").text
         reward = charts[0].find_element(By.CSS_SELECTOR, "polyline")
         assert len(reward.get_attribute("points").split()) == 10
+        assert reward.value_of_css_property("fill") == "none"  # a line, not an area
         # Two series on the KL and staleness charts.
         assert len(charts[2].find_elements(By.CSS_SELECTOR, "polyline")) == 2
         sft_rows = browser.find_elements(By.CSS_SELECTOR, "table.sft tbody tr")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -22,6 +24,8 @@ from polar.dashboard import DashboardConfig, create_dashboard_app
 from polar.ir import CompletionRecord
 from polar.ir.codec import record_from_json
 from polar.proxy.store import SessionRow, SqliteStore
+from polar.sft.stats import GenerationStats
+from polar.sft.verdict import AttemptKey, FilterReason, Filters, Outcome, Verdict
 from polar.testing.serverthread import ServerThread
 
 from support.paths import FIXTURES
@@ -166,3 +170,26 @@ def token_view_ready(driver: Any) -> None:
         ),
         "the token view to load",
     )
+
+
+def step_metrics(step: int) -> dict[str, float]:
+    """A training step's metrics under the trainer's names (made-up values)."""
+    return {
+        "reward/mean": 0.2 + 0.6 * (1 - math.exp(-step / 8)),
+        "groups/zero_advantage_fraction": 0.5 * math.exp(-step / 10),
+        "mismatch/kl": 1e-3 * (1 + step % 3),
+        "loss/kl": 2e-3,
+        "staleness/mean": step % 2,
+        "staleness/max": 1 + step % 2,
+    }
+
+
+def write_stats(path: Path, attempts: int) -> None:
+    """SFT statistics as the generator writes them, ``attempts`` of one task judged."""
+    verdicts = [
+        Verdict(AttemptKey("fix-bug", i), Outcome.ACCEPTED if i % 2 == 0 else Outcome.TESTS_FAILED)
+        for i in range(attempts)
+    ]
+    verdicts.append(Verdict(AttemptKey("add-test", 0), Outcome.FILTERED, FilterReason.TOO_LONG))
+    stats = GenerationStats.of("resolved", Filters(), {"fix-bug": 4, "add-test": 2}, verdicts)
+    path.write_text(json.dumps(stats.to_json()))

@@ -14,7 +14,7 @@ CURVES = (
     ("KL", ("mismatch/kl", "loss/kl")),
     ("Staleness", ("staleness/mean", "staleness/max")),
 )
-WIDTH, HEIGHT, PAD = 560, 180, 36
+WIDTH, HEIGHT, PAD, LEFT = 560, 180, 36, 64
 
 
 def training_page(fragment: str) -> str:
@@ -76,7 +76,7 @@ def chart(title: str, series: list[tuple[str, list[tuple[float, float]]]]) -> st
         y0, y1 = y0 - 0.5, y1 + 0.5
 
     def sx(x: float) -> float:
-        return PAD + (x - x0) / (x1 - x0) * (WIDTH - 2 * PAD)
+        return LEFT + (x - x0) / (x1 - x0) * (WIDTH - LEFT - PAD)
 
     def sy(y: float) -> float:
         return HEIGHT - PAD + (y - y0) / (y1 - y0) * (2 * PAD - HEIGHT)
@@ -94,11 +94,11 @@ def chart(title: str, series: list[tuple[str, list[tuple[float, float]]]]) -> st
         legend.append(f'<span class="key s{k}">{esc(name)} (last {number(points[-1][1])})</span>')
     bottom = HEIGHT - PAD
     axes = (
-        f'<line class="axis" x1="{PAD}" y1="{bottom}" x2="{WIDTH - PAD}" y2="{bottom}"/>'
-        f'<line class="axis" x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{HEIGHT - PAD}"/>'
-        f'<text x="{PAD - 4}" y="{PAD + 4}" text-anchor="end">{number(y1)}</text>'
-        f'<text x="{PAD - 4}" y="{HEIGHT - PAD}" text-anchor="end">{number(y0)}</text>'
-        f'<text x="{PAD}" y="{HEIGHT - PAD + 16}">step {number(x0, 6)}</text>'
+        f'<line class="axis" x1="{LEFT}" y1="{bottom}" x2="{WIDTH - PAD}" y2="{bottom}"/>'
+        f'<line class="axis" x1="{LEFT}" y1="{PAD}" x2="{LEFT}" y2="{HEIGHT - PAD}"/>'
+        f'<text x="{LEFT - 4}" y="{PAD + 4}" text-anchor="end">{number(y1)}</text>'
+        f'<text x="{LEFT - 4}" y="{HEIGHT - PAD}" text-anchor="end">{number(y0)}</text>'
+        f'<text x="{LEFT}" y="{HEIGHT - PAD + 16}">step {number(x0, 6)}</text>'
         f'<text x="{WIDTH - PAD}" y="{HEIGHT - PAD + 16}" text-anchor="end">{number(x1, 6)}</text>'
     )
     return (
