@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from polar.proxy.engines.vllm_process import free_port
 
 TOKEN = "cli-dashboard-token-0123456789"
 POLAR = [sys.executable, "-m", "polar"]
@@ -44,9 +45,7 @@ def test_bad_flags_get_one_line_and_exit_2(args: tuple[str, ...], message: str) 
 
 
 def test_the_dashboard_serves_once_started(tmp_path: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [*POLAR, "dashboard", "--token", TOKEN, "--port", str(port)],
         stdout=subprocess.DEVNULL,

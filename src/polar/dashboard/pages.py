@@ -138,9 +138,18 @@ def _session_row(view: SessionView, result: SessionResult | None) -> list[str]:
 # ---------------------------------------------------------------- sessions
 
 
+SESSIONS_SHOWN = 500
+
+
 def sessions_page(stored: Sequence[StoredSession]) -> str:
     if not stored:
         return page("Sessions", '<p class="empty">No sessions in the record stores.</p>')
+    newest = sorted(stored, key=lambda s: s.row.created_at, reverse=True)[:SESSIONS_SHOWN]
+    note = (
+        f'<p class="note">the newest {SESSIONS_SHOWN} of {len(stored)} sessions</p>'
+        if len(stored) > SESSIONS_SHOWN
+        else ""
+    )
     rows = [
         [
             link(url("sessions", s.row.id), s.row.id),
@@ -149,9 +158,9 @@ def sessions_page(stored: Sequence[StoredSession]) -> str:
             when(s.row.closed_at) if s.row.closed_at else status("open"),
             esc(s.store.path),
         ]
-        for s in stored
+        for s in newest
     ]
-    return page("Sessions", table(("session", "calls", "opened", "closed", "store"), rows))
+    return page("Sessions", note + table(("session", "calls", "opened", "closed", "store"), rows))
 
 
 def session_page(

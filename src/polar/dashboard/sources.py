@@ -185,7 +185,7 @@ class RecordSource:
 
 
 @dataclass(frozen=True, slots=True)
-class MetricsLog:
+class TrainingLog:
     """The trainer's JSONL log: one row per step (``step``, ``policy_version``,
     ``time`` and the step's metrics); lines that are not such rows are counted."""
 
@@ -211,7 +211,7 @@ def _bounded_bytes(path: Path, what: str) -> bytes:
         raise SourceError(500, f"{path}: cannot read {what} ({exc.strerror})") from None
 
 
-def read_metrics(path: Path) -> MetricsLog | None:
+def read_metrics(path: Path) -> TrainingLog | None:
     """The log at ``path`` (or ``path/metrics.jsonl``); None when there is none yet."""
     file = path / "metrics.jsonl" if path.is_dir() else path
     if not file.exists():
@@ -236,7 +236,7 @@ def read_metrics(path: Path) -> MetricsLog | None:
                 if isinstance(v, int | float) and not isinstance(v, bool)
             }
         )
-    return MetricsLog(file, tuple(rows), unreadable)
+    return TrainingLog(file, tuple(rows), unreadable)
 
 
 def read_sft_stats(path: Path) -> dict[str, Any] | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from polar.dashboard.html import esc, number, page, table
-from polar.dashboard.sources import MetricsLog
+from polar.dashboard.sources import TrainingLog
 
 CURVES = (
     ("Reward", ("reward/mean", "eval/reward_mean")),
@@ -22,7 +22,7 @@ def training_page(fragment: str) -> str:
 
 
 def training_fragment(
-    metrics: MetricsLog | None,
+    metrics: TrainingLog | None,
     metrics_problem: str | None,
     sft: dict[str, Any] | None,
     sft_problem: str | None,
