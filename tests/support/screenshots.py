@@ -99,7 +99,7 @@ def shoot(driver: Any, board: Dashboard, stack: RolloutStack, root: Path, out: P
     wait_for(lambda: driver.execute_script(TASK_STATUS) == "completed", "the task", 300)
     running = submit(stack, root, "long-run", "hang", 2)
     driver.get(f"{board.url}/tasks/{running}")
-    wait_for(lambda: "running" in driver.find_element(By.CSS_SELECTOR, ".sessions").text, "run")
+    wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, ".sessions .status-running"), "an agent")
     time.sleep(1)
     driver.save_screenshot(str(out / "dashboard-task-live.png"))
     driver.get(f"{board.url}/")
