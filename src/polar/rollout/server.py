@@ -39,6 +39,7 @@ import httpx
 from polar.rollout.callbacks import signed_headers
 from polar.rollout.config import ServerConfig
 from polar.rollout.events import EventHub
+from polar.rollout.files import FileStore, unfinished
 from polar.rollout.http import ApiError
 from polar.rollout.protocol import (
     EventKind,
@@ -76,6 +77,8 @@ class RolloutServer:
         self.config = config
         self.public_url = public_url or f"http://{config.host}:{config.port}"
         self.store = RolloutStore(config.db)
+        self.files = FileStore(config.db.parent / "files")
+        """Tasks' host paths packed at submission, for nodes (:mod:`polar.rollout.files`)."""
         self.events = EventHub()
         self.nodes: dict[str, NodeState] = {}
         self._wake = asyncio.Event()
@@ -95,6 +98,8 @@ class RolloutServer:
         self._http = httpx.AsyncClient(headers=headers, timeout=30)
         self._callbacks = httpx.AsyncClient(timeout=30)
         self._started_at = time.monotonic()
+        for partial in unfinished(self.files.root):
+            partial.unlink(missing_ok=True)
         self._recover()
         self._loops = [
             asyncio.ensure_future(self._dispatch_loop()),
