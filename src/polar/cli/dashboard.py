@@ -43,7 +43,7 @@ def dashboard(
         str, typer.Option(help="Trajectory builder for the token view (as the node's).")
     ] = "prefix_merge",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on (0: any free one).")] = 8400,
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8400,
 ) -> None:
     """Serve the dashboard: tasks and groups live, sessions, token views, training curves."""
     from polar.dashboard import DashboardConfig, create_dashboard_app
