@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -241,6 +243,45 @@ def test_keys_closes_pause_and_the_policy_version_hold_across_workers(group: Gro
     wrong = httpx.post(f"{group.url}/admin/pause", json={}, headers={"authorization": "Bearer x"})
     assert wrong.status_code == 401
     assert group.admin.get("/admin/status").json()["paused"] is False
+
+
+def _raw(url: str, request: bytes) -> bytes:
+    """Send raw bytes to the group; everything it answers until it closes."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(request)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+def test_the_router_refuses_ambiguous_framing_and_passes_chunked_bodies(group: Group) -> None:
+    smuggle = _raw(
+        group.url,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /admin/status HTTP/1.1\r\n\r\n",
+    )
+    assert smuggle.startswith(b"HTTP/1.1 400") and smuggle.count(b"HTTP/1.1") == 1
+    sid, key = group.new_session(_ids(1, 1, "d")[0])
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "chunked"}]})
+    half = len(body) // 2
+    chunks = b"".join(
+        f"{len(part):x}\r\n".encode() + part.encode() + b"\r\n"
+        for part in (body[:half], body[half:])
+    )
+    reply = _raw(
+        group.url,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        + f"Authorization: Bearer {key}\r\n".encode()
+        + b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + chunks
+        + b"0\r\n\r\n",
+    )
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:300]
+    assert json.loads(reply.partition(b"\r\n\r\n")[2])["choices"][0]["message"]["content"]
+    (record,) = group.records(sid)
+    assert record.status is RecordStatus.COMPLETED
 
 
 def test_a_dead_worker_is_restarted_and_does_not_stop_the_other(group: Group) -> None:
