@@ -14,7 +14,11 @@ Durability contract (what is on disk, and when):
 * :meth:`SqliteStore.open` marks rows still ``in_flight`` from an earlier
   process ``interrupted``: they were sent and never finished. One gateway
   process writes a store at a time (an exclusive lock on ``<path>.lock``), so
-  rows in flight at open can only be a dead process's.
+  rows in flight at open can only be a dead process's. The exception is a
+  gateway group (``--workers N``): its parent holds the lock and recovers, its
+  workers open the store as ``member`` and write it together (SQLite's write
+  lock orders their transactions); the parent marks a dead worker's calls with
+  :meth:`SqliteStore.interrupt_in_flight`.
 * ``await store.append(record)`` writes a finished record in one go.
 
 With ``synchronous="normal"`` (the default; WAL mode) commits survive a crash
