@@ -115,12 +115,15 @@ class Router:
         table: RouteTable,
         *,
         fanout: Fanout,
-        reuse_s: float,
+        idle_s: float,
     ) -> None:
+        """``idle_s``: how long a client connection may sit idle between requests
+        (the gateway's ``keepalive_s``); worker connections are reused within half of it."""
         self.links = links
         self.table = table
         self.fanout = fanout
-        self._reuse_s = reuse_s
+        self._idle_s = idle_s
+        self._reuse_s = idle_s / 2
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         inbound = Inbound(reader)
@@ -128,7 +131,11 @@ class Router:
         try:
             while True:
                 try:
-                    raw = await inbound.head()
+                    try:
+                        async with asyncio.timeout(self._idle_s):
+                            raw = await inbound.head()
+                    except TimeoutError:
+                        return
                     if raw is None:
                         return
                     head = parse_head(raw)

@@ -57,7 +57,7 @@ class Group:
         self.table = RouteTable(count)
         self.fanout = Fanout(self.links, self.table, admin_token=settings.admin_token)
         self.router = Router(
-            self.links, self.table, fanout=self.fanout, reuse_s=settings.keepalive_s / 2
+            self.links, self.table, fanout=self.fanout, idle_s=settings.keepalive_s
         )
         self.store = SqliteStore(
             settings.store.path,

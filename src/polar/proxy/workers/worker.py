@@ -6,6 +6,11 @@ Started by :mod:`polar.proxy.workers.supervisor` as
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+
 from polar.proxy.config import GatewayConfig
 from polar.proxy.workers.affinity import WorkerSlot
 
@@ -18,6 +23,7 @@ def serve_worker(settings: GatewayConfig, slot: WorkerSlot, socket_path: str) ->
     from polar.proxy.app import create_app
     from polar.proxy.gateway import Gateway
 
+    _exit_with_parent()
     pin_mmap_threshold()
     app = create_app(Gateway(settings, worker=slot))
     tune_for_serving(settings.gc_young_threshold)
@@ -30,3 +36,16 @@ def serve_worker(settings: GatewayConfig, slot: WorkerSlot, socket_path: str) ->
         access_log=False,
         timeout_keep_alive=settings.keepalive_s,
     )
+
+
+def _exit_with_parent() -> None:
+    """Stop (as on SIGTERM: calls finish, the store closes) once the parent is
+    gone, so a killed group leaves no worker behind."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
