@@ -54,6 +54,13 @@ def gateway(
     engine_url: Annotated[
         str | None, typer.Option(help="Base URL of the inference server.")
     ] = None,
+    engine_pool: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Another server of the same model (repeat for several): calls are spread "
+            "over all, each session sticking to one."
+        ),
+    ] = None,
     engine_model: Annotated[str | None, typer.Option(help="Model name the engine serves.")] = None,
     engine_api_key: Annotated[
         str | None,
@@ -124,6 +131,7 @@ def gateway(
         capture=capture.value if capture else None,
         engine__kind=engine_kind,
         engine__base_url=engine_url,
+        engine__pool=engine_pool or None,
         engine__model=engine_model,
         engine__api_key=engine_api_key,
         engine__read_timeout_s=engine_read_timeout_s,

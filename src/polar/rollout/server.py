@@ -112,7 +112,15 @@ class RolloutServer:
         self.store.close()
 
     def _recover(self) -> None:
-        """After a restart: finish tasks whose sessions all ended, re-send owed callbacks."""
+        """After a restart: know the nodes again, finish tasks whose sessions all ended,
+        re-send owed callbacks."""
+        now, wall = time.monotonic(), time.time()
+        for row in self.store.nodes():
+            self.nodes[row.registration.node_id] = NodeState(
+                row.registration,
+                last_seen=now - max(0.0, wall - row.last_seen),
+                draining=row.draining,
+            )
         for task in self.store.tasks(limit=1_000_000):
             if task.status is TaskStatus.RUNNING:
                 self._maybe_finish(task.task_id)
@@ -341,9 +349,9 @@ class RolloutServer:
 
     def register(self, registration: NodeRegistration) -> None:
         old = self.nodes.get(registration.node_id)
-        self.nodes[registration.node_id] = NodeState(
-            registration, draining=old.draining if old else False
-        )
+        draining = old.draining if old else False
+        self.store.save_node(registration, draining=draining)
+        self.nodes[registration.node_id] = NodeState(registration, draining=draining)
         self.events.publish(
             EventKind.NODE_REGISTERED, node_id=registration.node_id, url=registration.url
         )
@@ -353,8 +361,8 @@ class RolloutServer:
         node = self.nodes.get(node_id)
         if node is None:
             raise ApiError(404, f"node {node_id} is not registered", "not_found")
-        now = time.monotonic()
-        node.last_seen = now
+        node.last_seen = time.monotonic()
+        self.store.node_seen(node_id)
         forget: list[str] = []
         cancel: list[str] = []
         for sid, status in beat.sessions.items():
@@ -399,6 +407,7 @@ class RolloutServer:
         node = self.nodes.get(node_id)
         if node is None:
             raise ApiError(404, f"node {node_id} is not registered", "not_found")
+        self.store.set_draining(node_id, draining)
         node.draining = draining
         if not draining:
             self._wake.set()
@@ -517,6 +526,7 @@ class RolloutServer:
         limit = 2 * self.config.node_timeout_s
         for node in list(self.nodes.values()):
             if now - node.last_seen > limit:
+                self.store.drop_node(node.id)
                 del self.nodes[node.id]
                 self.events.publish(EventKind.NODE_LOST, node_id=node.id)
         if now - self._started_at <= limit:
