@@ -47,15 +47,20 @@ class Target:
     process: subprocess.Popen[bytes]
     routed: bool
     keys: list[str] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+    """The processes that serve calls (asked once: asking costs the router CPU)."""
 
-    def worker_pids(self) -> list[int]:
-        if not self.routed:
-            return [self.process.pid]
-        return [w["pid"] for w in _get(self.port, "/health")["workers"]]
+    def ready(self, sessions: int) -> None:
+        _wait(self.port, timeout=600)
+        self.keys = [_new_key(self.port) for _ in range(sessions)]
+        if self.routed:
+            self.pids = [w["pid"] for w in _get(self.port, "/health")["workers"]]
+        else:
+            self.pids = [self.process.pid]
 
     def cpu(self) -> tuple[float, float]:
         """CPU-seconds so far: (router, workers)."""
-        workers = sum(_cpu_s(pid) for pid in self.worker_pids())
+        workers = sum(_cpu_s(pid) for pid in self.pids)
         return (_cpu_s(self.process.pid) if self.routed else 0.0), workers
 
 
@@ -197,8 +202,7 @@ def main(counts: list[int], sessions: int, calls: int, rounds: int) -> None:
             targets.append(_start(f"{n} + router", engine_port, workdir, n, routed=True))
     try:
         for target in targets:
-            _wait(target.port, timeout=600)
-            target.keys = [_new_key(target.port) for _ in range(sessions)]
+            target.ready(sessions)
         print(
             f"cores={os.cpu_count()}, load average {os.getloadavg()[0]:.1f}; {sessions} sessions "
             f"x {calls} calls back to back per round, {rounds} rounds alternating; "
