@@ -97,6 +97,9 @@ class NodeConfig(_Section):
     policy: RuntimePolicy = RuntimePolicy()
     capacity: NodeCapacity = NodeCapacity()
     sessions_dir: Path = Path("runs/node/sessions")
+    files_dir: Path = Path("runs/node/files")
+    """Where tasks' files fetched from the rollout server are unpacked, once per content
+    (:mod:`polar.rollout.files`); never inside a sandbox."""
     keep_sessions: Literal["never", "failed", "always"] = "failed"
     harness_cache: Path = Path(".cache/harness")
     """Where the harness CLIs are installed; visible (read-only) inside every runtime."""

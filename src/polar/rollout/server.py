@@ -39,6 +39,7 @@ import httpx
 from polar.rollout.callbacks import signed_headers
 from polar.rollout.config import ServerConfig
 from polar.rollout.events import EventHub
+from polar.rollout.files import FileStore, unfinished
 from polar.rollout.http import ApiError
 from polar.rollout.protocol import (
     EventKind,
@@ -76,6 +77,8 @@ class RolloutServer:
         self.config = config
         self.public_url = public_url or f"http://{config.host}:{config.port}"
         self.store = RolloutStore(config.db)
+        self.files = FileStore(config.db.parent / "files")
+        """Tasks' host paths packed at submission, for nodes (:mod:`polar.rollout.files`)."""
         self.events = EventHub()
         self.nodes: dict[str, NodeState] = {}
         self._wake = asyncio.Event()
@@ -95,6 +98,8 @@ class RolloutServer:
         self._http = httpx.AsyncClient(headers=headers, timeout=30)
         self._callbacks = httpx.AsyncClient(timeout=30)
         self._started_at = time.monotonic()
+        for partial in unfinished(self.files.root):
+            partial.unlink(missing_ok=True)
         self._recover()
         self._loops = [
             asyncio.ensure_future(self._dispatch_loop()),
@@ -390,6 +395,17 @@ class RolloutServer:
             ):
                 self._lost(session.session_id, f"node {node_id} no longer holds the session")
         return HeartbeatReply(forget=forget, cancel=cancel)
+
+    def node_died(self, node_id: str, reason: str) -> None:
+        """A node known to be gone (its Ray actor died): forgotten now, and its sessions
+        end ERROR with ``reason`` (resampled where allowed), without waiting for the
+        heartbeat timeout."""
+        if self.nodes.pop(node_id, None) is not None:
+            self.store.drop_node(node_id)
+            self.events.publish(EventKind.NODE_LOST, node_id=node_id)
+        for session in self.store.in_flight():
+            if session.node_id == node_id:
+                self._lost(session.session_id, f"node {node_id} died: {reason}")
 
     async def _fetch_result(self, node: NodeState, session_id: str) -> None:
         """Pull a finished session's result that the node has not delivered yet."""
