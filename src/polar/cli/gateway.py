@@ -109,6 +109,13 @@ def gateway(
             "or none (default: reasoning_content)."
         ),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Gateway processes behind the one address; past 1, a router keeps each "
+            "session on one worker (default: 1)."
+        ),
+    ] = None,
     log_level: Annotated[
         str | None, typer.Option(help="debug, info, warning or error (default: info).")
     ] = None,
@@ -136,6 +143,7 @@ def gateway(
         limits__max_body_bytes=max_body_bytes,
         limits__pause_wait_s=pause_wait_s,
         dialects__openai_chat__reasoning_field=reasoning_field,
+        workers=workers,
         log_level=log_level,
     )
     try:
@@ -159,6 +167,9 @@ def run_gateway(settings: GatewayConfig) -> None:
     from polar.proxy.gateway import Gateway
 
     configure_logging(settings.log_level)
+    if settings.workers > 1:
+        _run_group(settings)
+        return
     pin_mmap_threshold()
     try:
         gateway_ = Gateway(settings)
@@ -176,3 +187,13 @@ def run_gateway(settings: GatewayConfig) -> None:
         access_log=False,
         timeout_keep_alive=settings.keepalive_s,
     )
+
+
+def _run_group(settings: GatewayConfig) -> None:
+    from polar.proxy.store import StoreError
+    from polar.proxy.workers.supervisor import GroupError, run_group
+
+    try:
+        run_group(settings)
+    except (GroupError, StoreError) as exc:
+        fail("gateway", str(exc), code=1)

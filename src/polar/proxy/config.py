@@ -229,6 +229,14 @@ class GatewayConfig(_Section):
     limits: LimitsConfig = LimitsConfig()
     dialects: DialectsConfig = DialectsConfig()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Gateway processes behind the one listening address. Past 1, a router "
+        "process sends every call of a session to the worker that holds its transcript "
+        "and fans the admin API out to all of them (each call then costs one local hop).",
+    )
     gc_young_threshold: int = Field(
         default=50_000,
         ge=0,

@@ -122,6 +122,11 @@ class NodeConfig(_Section):
             raise ValueError("runtime.owner is the node's id; do not set it")
         if self.control_port and self.control_port == self.gateway.port:
             raise ValueError("control_port must differ from gateway.port (sandboxes reach it)")
+        if self.gateway.workers != 1:
+            raise ValueError(
+                "gateway.workers: a node serves its gateway from one process "
+                "(several workers are for a standalone 'polar gateway')"
+            )
         return self
 
     @property
