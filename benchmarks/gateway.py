@@ -2,6 +2,11 @@
 
     .venv/bin/python benchmarks/gateway.py [--calls 4] [--levels 1,64,256]
     .venv/bin/python benchmarks/gateway.py --scale [--baseline DIR]
+    .venv/bin/python benchmarks/gateway.py --workers 1,2 [--sessions 32]
+
+``--workers`` measures instead the throughput of ``polar gateway --workers N``
+beside one worker, and the cost of the router's hop (see
+``benchmarks/gateway_workers.py``).
 
 ``--scale`` measures instead memory per session and CPU per call, beside
 another source tree's gateway (see ``benchmarks/gateway_scale.py``).
@@ -464,10 +469,24 @@ def main() -> None:
     parser.add_argument(
         "--gateway-config", type=Path, help="--scale: YAML config for this tree's gateway"
     )
+    parser.add_argument(
+        "--workers",
+        help="instead: throughput of these worker counts (e.g. 1,2) and the router's hop",
+    )
+    parser.add_argument("--sessions", type=int, default=32, help="--workers: sessions at once")
+    parser.add_argument(
+        "--session-calls", type=int, default=8, help="--workers: calls per session per round"
+    )
     parser.add_argument("--serve-engine", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_engine:
         asyncio.run(_serve_engine(args.serve_engine))
+        return
+    if args.workers:
+        import gateway_workers
+
+        counts = [int(n) for n in args.workers.split(",")]
+        gateway_workers.main(counts, args.sessions, args.session_calls, args.rounds)
         return
     if args.scale:
         import gateway_scale

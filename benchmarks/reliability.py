@@ -92,12 +92,12 @@ import httpx
 import orjson
 
 from polar.ir import CaptureMode, CompletionRecord, Dialect, FinishReason, RecordStatus, Timings
+from polar.proxy.engines.vllm_process import free_port
 from polar.proxy.store import SessionRow, SqliteStore
 from reliability_parts import (
     DIALECTS,
     FaultyVllm,
     call_once,
-    free_port,
     mutant,
     rss_mb,
     rss_of,

@@ -265,12 +265,6 @@ def rss_of(pid: int) -> float:
 # ---------------------------------------------------------------- kill the gateway
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_gateway(
     port: int,
     engine_url: str,

@@ -135,6 +135,7 @@ async def main(args: argparse.Namespace) -> None:
             {
                 "control_token": "benchmark-control-token-0123",
                 "sessions_dir": str(root / "sessions"),
+                "files_dir": str(root / "files"),
                 "keep_sessions": "never",
                 "harness_cache": str(root / "harness"),
                 "gateway": {

@@ -83,6 +83,28 @@ def test_flags_override_the_file_and_check_prints_the_result(tmp_path: Path) -> 
     assert shown["port"] == 9123 and "admin_token" not in shown
 
 
+def test_engine_pool_flags_add_engines_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    base = ("gateway", "--admin-token", "0123456789abcdef0123", "--engine-model", "m")
+    result = polar(
+        *base,
+        *(
+            "--engine-url",
+            "http://a:1",
+            "--engine-pool",
+            "http://b:2",
+            "--engine-pool",
+            "http://c:3",
+        ),
+        "--check",
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["engine"]["pool"] == ["http://b:2", "http://c:3"]
+    result = polar(*base, "--engine-url", "http://a:1", "--engine-pool", "b:2", "--check")
+    assert result.returncode == 2
+    assert result.stderr.startswith("polar gateway: error: engine.pool")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_gateway_serves_from_the_command_line(tmp_path: Path) -> None:
     port = free_port()
     command = [

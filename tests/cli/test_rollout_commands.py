@@ -145,6 +145,25 @@ def test_serve_rejects_a_bad_config_in_one_line(tmp_path: Path) -> None:
     )
 
 
+def test_the_documented_command_lines_validate(tmp_path: Path) -> None:
+    """The README's and docs/deploy's serve and node lines, from flags alone."""
+    url = ("--engine-url", "http://127.0.0.1:8011")
+    serve = polar("serve", "--engine-kind", "embedded", *url, "--engine-model", "tiny", "--check")
+    assert serve.returncode == 0, serve.stderr
+    engine = json.loads(serve.stdout)["node"]["gateway"]["engine"]
+    assert (engine["kind"], engine["model"]) == ("embedded", "tiny")
+    node = polar("node", *url, "--engine-model", "policy", "--token", TOKEN, "--check")
+    assert node.returncode == 0, node.stderr
+    assert json.loads(node.stdout)["gateway"]["engine"]["model"] == "policy"
+    ray = polar("serve", *url, "--engine-model", "m", "--backend", "ray", "--ray-nodes", "4",
+                "--check")  # fmt: skip
+    assert ray.returncode == 0, ray.stderr
+    assert (json.loads(ray.stdout)["backend"], json.loads(ray.stdout)["ray"]["nodes"]) == ("ray", 4)
+    bad = polar("serve", *url, "--engine-model", "m", "--backend", "slurm", "--check")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "polar serve: error: backend: Input should be 'local' or 'ray'"
+
+
 def test_check_prints_no_secret(tmp_path: Path) -> None:
     """``--check`` shows the settings without the control token, the gateway's admin
     token or the engine's API key, wherever they came from."""

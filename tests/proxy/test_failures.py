@@ -7,7 +7,6 @@ exactly what happened.
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any
 
@@ -15,6 +14,7 @@ import httpx
 import pytest
 
 from polar.ir import ErrorKind, RecordStatus
+from polar.proxy.engines.vllm_process import free_port
 
 from support.stack import BASH_TOOL
 
@@ -158,19 +158,13 @@ def test_engine_5xx_becomes_502_and_script_mismatch_is_loud(make_stack: Any) -> 
     assert record.status is RecordStatus.FAILED
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_unreachable_engine_is_retried_then_502_every_attempt_recorded(
     make_stack: Any, stream: bool
 ) -> None:
     stack = make_stack(
         {"turns": [{"text": "never"}]},
-        engine_url=f"http://127.0.0.1:{_closed_port()}",
+        engine_url=f"http://127.0.0.1:{free_port()}",
         engine={"max_attempts": 3},
     )
     sid, key = stack.new_session()

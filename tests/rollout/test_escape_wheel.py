@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from polar.proxy.engines.vllm_process import free_port
 from polar.rollout.protocol import HarnessSpec, SessionStatus, TaskSubmission
 
 from support.escape import escape_harness, escape_task
@@ -79,13 +79,6 @@ def wheel_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     where = subprocess.check_output([str(python), "-c", "import polar; print(polar.__file__)"])
     assert Path(where.decode().strip()).is_relative_to(site), where
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @pytest.fixture

@@ -123,6 +123,7 @@ class RolloutStack:
                 "heartbeat_interval_s": 0.5,
                 "result_retry_s": 0.2,
                 "sessions_dir": str(root / "sessions"),
+                "files_dir": str(root / "node-files"),
                 "harness_cache": str(HARNESS_CACHE),
                 "keep_sessions": "always",
                 "gateway": {

@@ -6,6 +6,7 @@ import typer
 
 from polar.cli import (
     build,
+    dashboard,
     demo,
     engine,
     gateway,
@@ -36,6 +37,7 @@ app.command("status")(rollout.status)
 app.command("generate")(sft.generate)
 app.command("sft")(sft.sft)
 app.command("train")(train.train)
+app.command("dashboard")(dashboard.dashboard)
 app.add_typer(model.app, name="model")
 app.add_typer(engine.app, name="engine")
 app.add_typer(harness.app, name="harness")

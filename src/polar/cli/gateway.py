@@ -54,6 +54,13 @@ def gateway(
     engine_url: Annotated[
         str | None, typer.Option(help="Base URL of the inference server.")
     ] = None,
+    engine_pool: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Another server of the same model (repeat for several): calls are spread "
+            "over all, each session sticking to one."
+        ),
+    ] = None,
     engine_model: Annotated[str | None, typer.Option(help="Model name the engine serves.")] = None,
     engine_api_key: Annotated[
         str | None,
@@ -102,6 +109,13 @@ def gateway(
             "or none (default: reasoning_content)."
         ),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Gateway processes behind the one address; past 1, a router keeps each "
+            "session on one worker (default: 1)."
+        ),
+    ] = None,
     log_level: Annotated[
         str | None, typer.Option(help="debug, info, warning or error (default: info).")
     ] = None,
@@ -117,6 +131,7 @@ def gateway(
         capture=capture.value if capture else None,
         engine__kind=engine_kind,
         engine__base_url=engine_url,
+        engine__pool=engine_pool or None,
         engine__model=engine_model,
         engine__api_key=engine_api_key,
         engine__read_timeout_s=engine_read_timeout_s,
@@ -128,6 +143,7 @@ def gateway(
         limits__max_body_bytes=max_body_bytes,
         limits__pause_wait_s=pause_wait_s,
         dialects__openai_chat__reasoning_field=reasoning_field,
+        workers=workers,
         log_level=log_level,
     )
     try:
@@ -151,6 +167,9 @@ def run_gateway(settings: GatewayConfig) -> None:
     from polar.proxy.gateway import Gateway
 
     configure_logging(settings.log_level)
+    if settings.workers > 1:
+        _run_group(settings)
+        return
     pin_mmap_threshold()
     try:
         gateway_ = Gateway(settings)
@@ -168,3 +187,13 @@ def run_gateway(settings: GatewayConfig) -> None:
         access_log=False,
         timeout_keep_alive=settings.keepalive_s,
     )
+
+
+def _run_group(settings: GatewayConfig) -> None:
+    from polar.proxy.store import StoreError
+    from polar.proxy.workers.supervisor import GroupError, run_group
+
+    try:
+        run_group(settings)
+    except (GroupError, StoreError) as exc:
+        fail("gateway", str(exc), code=1)

@@ -24,6 +24,10 @@ EngineKind = Annotated[
     str | None,
     typer.Option(help="vllm, sglang, embedded, or package.module:factory (default: vllm)."),
 ]
+EngineModel = Annotated[
+    str | None,
+    typer.Option(help="The model name the engine serves (polar engine serve: its --served-name)."),
+]
 ControlPort = Annotated[int | None, typer.Option(help="The node's API port (default 8301).")]
 LogLevel = Annotated[str, typer.Option(help="debug, info, warning or error.")]
 Check = Annotated[bool, typer.Option("--check", help="Validate, print, exit.")]

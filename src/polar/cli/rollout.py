@@ -8,11 +8,12 @@ and prints it once, on stderr, when it starts (``--check`` prints no secret);
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import secrets
 import sys
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 from pydantic import BaseModel, ConfigDict
@@ -25,6 +26,7 @@ from polar.cli.options import (
     ControlPort,
     ControlToken,
     EngineKind,
+    EngineModel,
     EngineUrl,
     HarnessOptions,
     HarnessRef,
@@ -36,17 +38,21 @@ from polar.cli.options import (
 )
 from polar.configfile import ConfigError, load_config, merge, read_yaml
 from polar.rollout.config import NodeConfig, ServerConfig
+from polar.rollout.raynodes import RayConfig
 
 M = TypeVar("M", bound=BaseModel)
 
 
 class ServeConfig(BaseModel):
-    """``polar serve``'s file: a ``server:`` and a ``node:`` section."""
+    """``polar serve``'s file: a ``server:`` and a ``node:`` section; with ``backend: ray``,
+    the node section is the template of the ``ray:`` section's node actors."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     server: ServerConfig
     node: NodeConfig
+    backend: Literal["local", "ray"] = "local"
+    ray: RayConfig = RayConfig()
 
 
 SECRETS: dict[str, Any] = {
@@ -61,7 +67,11 @@ def _shown(settings: BaseModel, exclude: Any) -> str:
 
 
 def node_defaults(
-    node: dict[str, Any], token: str | None, engine_url: str | None, engine_kind: str | None
+    node: dict[str, Any],
+    token: str | None,
+    engine_url: str | None,
+    engine_kind: str | None,
+    engine_model: str | None = None,
 ) -> None:
     gateway = node.setdefault("gateway", {})
     gateway.setdefault("port", 8300)
@@ -70,6 +80,8 @@ def node_defaults(
     gateway.setdefault("admin_token", secrets.token_urlsafe(24))
     if engine_url is not None:
         gateway.setdefault("engine", {})["base_url"] = engine_url
+    if engine_model is not None:
+        gateway.setdefault("engine", {})["model"] = engine_model
     if engine_kind is not None:
         gateway.setdefault("engine", {})["kind"] = engine_kind
         if engine_kind == "embedded":  # token-in only
@@ -98,12 +110,24 @@ def serve(
     node_control_port: ControlPort = None,
     engine_url: EngineUrl = None,
     engine_kind: EngineKind = None,
+    engine_model: EngineModel = None,
     db: Annotated[Path | None, typer.Option(help="SQLite file of tasks and results.")] = None,
     token: ControlToken = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(help="local (the node in this process) or ray (node actors on a cluster)."),
+    ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option(help="Ray cluster to join with --backend ray (default: auto).")
+    ] = None,
+    ray_nodes: Annotated[
+        int | None, typer.Option(help="Node actors to place with --backend ray (default 1).")
+    ] = None,
     log_level: LogLevel = "info",
     check: Check = False,
 ) -> None:
-    """Run a rollout server and a gateway node in this process (one machine)."""
+    """Run a rollout server and a gateway node in this process (one machine), or the server
+    here and gateway nodes as Ray actors across a cluster (--backend ray)."""
     overrides: dict[str, Any] = {"server": {}, "node": {}}
     server: dict[str, Any] = overrides["server"]
     node: dict[str, Any] = overrides["node"]
@@ -115,6 +139,11 @@ def serve(
         node.setdefault("gateway", {})["port"] = node_port
     if node_control_port is not None:
         node["control_port"] = node_control_port
+    if backend is not None:
+        overrides["backend"] = backend
+    for key, value in (("address", ray_address), ("nodes", ray_nodes)):
+        if value is not None:
+            overrides.setdefault("ray", {})[key] = value
     raw = read_config("serve", config)
     data = merge(raw, overrides)
     for section in ("server", "node"):
@@ -128,7 +157,7 @@ def serve(
     server_section.setdefault("control_token", shared)
     if token is not None:
         server_section["control_token"] = token
-    node_defaults(merged_node, token, engine_url, engine_kind)
+    node_defaults(merged_node, token, engine_url, engine_kind, engine_model)
     merged_node.setdefault("control_token", server_section["control_token"])
     merged_node.setdefault(
         "server_url",
@@ -140,7 +169,10 @@ def serve(
         return
     if generated is not None:
         _announce("serve", generated)
-    _run("serve", settings.server, settings.node, log_level)
+    ray = settings.ray if settings.backend == "ray" else None
+    if ray is not None and importlib.util.find_spec("ray") is None:
+        fail("serve", "--backend ray needs Ray: pip install 'polar[ray]'")
+    _run("serve", settings.server, settings.node, log_level, ray=ray)
 
 
 def node(
@@ -156,6 +188,7 @@ def node(
     ] = None,
     engine_url: EngineUrl = None,
     engine_kind: EngineKind = None,
+    engine_model: EngineModel = None,
     token: ControlToken = None,
     log_level: LogLevel = "info",
     check: Check = False,
@@ -175,7 +208,7 @@ def node(
         raw["gateway"]["port"] = port
     if control_port is not None:
         raw["control_port"] = control_port
-    node_defaults(raw, token, engine_url, engine_kind)
+    node_defaults(raw, token, engine_url, engine_kind, engine_model)
     if not raw.get("control_token"):
         fail("node", f"the rollout server's control token is needed (--token or {TOKEN_ENV})")
     settings = validate_config("node", NodeConfig, raw)
@@ -199,7 +232,14 @@ def validate_config(command: str, model: type[M], data: dict[str, Any]) -> M:
         fail(command, str(exc))
 
 
-def _run(command: str, server: ServerConfig | None, node: NodeConfig | None, level: str) -> None:
+def _run(
+    command: str,
+    server: ServerConfig | None,
+    node: NodeConfig | None,
+    level: str,
+    *,
+    ray: RayConfig | None = None,
+) -> None:
     from polar.malloctune import pin_mmap_threshold
     from polar.rollout.deploy import serve as serve_both
     from polar.runtime.errors import UnsupportedSpec
@@ -207,7 +247,7 @@ def _run(command: str, server: ServerConfig | None, node: NodeConfig | None, lev
     configure_logging(level)
     pin_mmap_threshold()
     try:
-        asyncio.run(serve_both(server, node, level))
+        asyncio.run(serve_both(server, node, level, ray=ray))
     except UnsupportedSpec as exc:
         fail(command, f"the node's sandboxes cannot be given their limits: {exc}")
     except OSError as exc:

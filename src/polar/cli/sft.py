@@ -15,6 +15,7 @@ from polar.cli.errors import configure_logging, fail
 from polar.cli.options import (
     ControlToken,
     EngineKind,
+    EngineModel,
     EngineUrl,
     HarnessOptions,
     HarnessRef,
@@ -54,9 +55,7 @@ def generate(
     ] = None,
     engine_url: EngineUrl = None,
     engine_kind: EngineKind = None,
-    engine_model: Annotated[
-        str | None, typer.Option(help="The model name the engine serves.")
-    ] = None,
+    engine_model: EngineModel = None,
     max_in_flight: Annotated[int, typer.Option(help="Attempts submitted at once.")] = 64,
     dedupe: Annotated[bool, typer.Option(help="Drop repeats of an accepted solution.")] = True,
     keep_side_calls: Annotated[
@@ -153,14 +152,12 @@ def _service_config(
         if not isinstance(data.get(section), dict):
             fail("generate", f"{config}: {section} must be a mapping")
     node: dict[str, Any] = data["node"]
-    node_defaults(node, None, engine_url, engine_kind)
+    node_defaults(node, None, engine_url, engine_kind, model)
     # The service lives in this process: a control token of its own unless given.
     token = data["server"].get("control_token") or node.get("control_token")
     token = token or secrets.token_urlsafe(32)
     data["server"].setdefault("control_token", token)
     node.setdefault("control_token", token)
-    if model is not None:
-        node.setdefault("gateway", {}).setdefault("engine", {})["model"] = model
     if "engine" not in node.get("gateway", {}):
         fail("generate", "no engine: give --engine-url and --engine-model, or --config")
     node.setdefault("server_url", "http://127.0.0.1:0")  # the local server's, once it listens

@@ -29,6 +29,15 @@ class EngineConfig(_Section):
     base_url: str = Field(
         description="Base URL of the inference server, e.g. http://127.0.0.1:8011"
     )
+    pool: list[str] = Field(
+        default_factory=list,
+        description="Further engines serving the same model as base_url: calls are spread "
+        "over all of them by outstanding requests, each session sticking to one engine; an "
+        "engine that cannot be reached or times out is left out for eject_s seconds.",
+    )
+    eject_s: float = Field(
+        default=10.0, gt=0, description="How long a pooled engine that failed is left out."
+    )
     model: str = Field(description="Model name the engine serves; every request is sent with it.")
     api_key: str | None = Field(default=None, description="Bearer token for the engine, if any.")
     connect_timeout_s: float = Field(default=10.0, gt=0)
@@ -78,9 +87,26 @@ class EngineConfig(_Section):
     @field_validator("base_url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return value.rstrip("/")
+        return _http_url(value)
+
+    @field_validator("pool")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        urls = [_http_url(url) for url in value]
+        if len(set(urls)) != len(urls):
+            raise ValueError("names an engine twice")
+        return urls
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every engine: ``base_url`` first, then the ``pool``."""
+        return (self.base_url, *(url for url in self.pool if url != self.base_url))
+
+
+def _http_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    return value.rstrip("/")
 
 
 class RenderConfig(_Section):
@@ -203,6 +229,14 @@ class GatewayConfig(_Section):
     limits: LimitsConfig = LimitsConfig()
     dialects: DialectsConfig = DialectsConfig()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Gateway processes behind the one listening address. Past 1, a router "
+        "process sends every call of a session to the worker that holds its transcript "
+        "and fans the admin API out to all of them (each call then costs one local hop).",
+    )
     gc_young_threshold: int = Field(
         default=50_000,
         ge=0,

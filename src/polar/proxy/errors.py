@@ -59,6 +59,14 @@ class GatewayPaused(ProxyError):
     code = "overloaded_error"
 
 
+class WorkerUnavailable(ProxyError):
+    """The gateway worker that serves the session is not running (``--workers N``:
+    it is being restarted)."""
+
+    status = 503
+    code = "worker_unavailable"
+
+
 class StoreUnavailable(ProxyError):
     """The record store cannot write: the call is refused rather than served unrecorded."""
 

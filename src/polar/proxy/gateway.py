@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,6 +30,7 @@ from polar.proxy.relay import Relay
 from polar.proxy.render.splice import Transcripts
 from polar.proxy.sessions import CallTracker, Session, SessionRegistry
 from polar.proxy.store import SqliteStore, StoreError
+from polar.proxy.workers.affinity import WorkerSlot
 
 _log = logging.getLogger(__name__)
 
@@ -38,13 +40,23 @@ MAX_UNKNOWN_FIELDS = 256
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig, *, capture: Capture | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        capture: Capture | None = None,
+        worker: WorkerSlot | None = None,
+    ) -> None:
+        """``worker``: this gateway is one worker of a group (``--workers N``): it
+        writes the group's store beside the others and serves the sessions it owns."""
         self.config = config
+        self.worker = worker
         limits = config.limits
         self.store = SqliteStore(
             config.store.path,
             synchronous=config.store.synchronous,
             write_timeout_s=config.store.write_timeout_s,
+            member=worker is not None,
         )
         self.transcripts = Transcripts(budget_bytes=limits.transcript_budget_bytes)
         self.sessions = SessionRegistry(self.store, on_close=self.transcripts.drop)
@@ -78,7 +90,7 @@ class Gateway:
 
     async def start(self) -> None:
         self.store.open()
-        self.sessions.load()
+        self.sessions.load(self.worker.owns if self.worker is not None else lambda _: True)
         # A restarted gateway stamps the version it last resumed with.
         self.gate.set_policy_version(self.store.policy_version())
 
@@ -111,8 +123,10 @@ class Gateway:
         """Whether the gateway can serve and record calls, and the details."""
         store = self.store.state()
         healthy = store.open and store.writing
+        where = {} if self.worker is None else {"worker": self.worker.index, "pid": os.getpid()}
         return healthy, {
             "status": "ok" if healthy else "degraded",
+            **where,
             "store": {
                 "open": store.open,
                 "writing": store.writing,

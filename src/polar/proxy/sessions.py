@@ -64,9 +64,12 @@ class SessionRegistry:
         self._by_id: dict[str, Session] = {}
         self._by_hash: dict[str, Session] = {}
 
-    def load(self) -> None:
-        """Load the open sessions of an existing store (after a restart)."""
+    def load(self, owns: Callable[[str], bool] = lambda _: True) -> None:
+        """Load the open sessions of an existing store (after a restart); of a
+        worker of a group, only the sessions it ``owns``."""
         for row in self._store.load_sessions():
+            if not owns(row.id):
+                continue
             self._add(
                 Session(
                     id=row.id,

@@ -97,6 +97,9 @@ class NodeConfig(_Section):
     policy: RuntimePolicy = RuntimePolicy()
     capacity: NodeCapacity = NodeCapacity()
     sessions_dir: Path = Path("runs/node/sessions")
+    files_dir: Path = Path("runs/node/files")
+    """Where tasks' files fetched from the rollout server are unpacked, once per content
+    (:mod:`polar.rollout.files`); never inside a sandbox."""
     keep_sessions: Literal["never", "failed", "always"] = "failed"
     harness_cache: Path = Path(".cache/harness")
     """Where the harness CLIs are installed; visible (read-only) inside every runtime."""
@@ -119,6 +122,11 @@ class NodeConfig(_Section):
             raise ValueError("runtime.owner is the node's id; do not set it")
         if self.control_port and self.control_port == self.gateway.port:
             raise ValueError("control_port must differ from gateway.port (sandboxes reach it)")
+        if self.gateway.workers != 1:
+            raise ValueError(
+                "gateway.workers: a node serves its gateway from one process "
+                "(several workers are for a standalone 'polar gateway')"
+            )
         return self
 
     @property

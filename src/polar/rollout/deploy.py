@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -24,11 +25,14 @@ from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.lifecycle import RuntimeFactory
 from polar.rollout.node import Node, check_node
 from polar.rollout.node_app import create_node_app, node_extension
+from polar.rollout.raynodes import RayConfig
 from polar.rollout.server import RolloutServer
 from polar.rollout.server_app import create_server_app
 from polar.runtime.base import GatewayAddress
 from polar.runtime.registry import create_runtime
 from polar.trajectory import BuildConfig, TurnFormat
+
+_log = logging.getLogger(__name__)
 
 
 def build_config_for(tokenizer_dir: Path | None) -> BuildConfig:
@@ -118,14 +122,30 @@ def _uvicorn(app: Any, log_level: str, keepalive_s: int = 5) -> uvicorn.Server:
 
 
 async def serve(
-    server_config: ServerConfig | None, node_config: NodeConfig | None, log_level: str = "info"
+    server_config: ServerConfig | None,
+    node_config: NodeConfig | None,
+    log_level: str = "info",
+    *,
+    ray: RayConfig | None = None,
 ) -> None:
-    """Run a rollout server, a node, or both in this process until interrupted."""
+    """Run a rollout server, a node, or both in this process until interrupted; with
+    ``ray``, the server here and ``ray.nodes`` nodes as Ray actors (``node_config`` is
+    their template; see :mod:`polar.rollout.raynodes`)."""
     servers: list[tuple[uvicorn.Server, socket.socket]] = []
+    extra: list[asyncio.Task[None]] = []
+    ray_nodes = None
     if server_config is not None:
         sock = listening_socket(server_config.host, server_config.port)
-        app = create_server_app(RolloutServer(server_config))
-        servers.append((_uvicorn(app, log_level), sock))
+        rollout = RolloutServer(server_config)
+        servers.append((_uvicorn(create_server_app(rollout), log_level), sock))
+        if ray is not None and node_config is not None:
+            from polar.rollout.raynodes import RayNodes
+
+            host, port = sock.getsockname()[:2]
+            url = ray.server_url or f"http://{_reachable(host)}:{port}"
+            template = node_config.model_copy(update={"server_url": url})
+            ray_nodes = RayNodes(ray, template, rollout.node_died)
+            node_config = None
     if node_config is not None:
         check_node(node_config)
         sock = listening_socket(node_config.gateway.host, node_config.gateway.port)
@@ -140,15 +160,24 @@ async def serve(
     elif server_config is not None:
         tune_for_serving()
     tasks = [asyncio.ensure_future(server.serve(sockets=[sock])) for server, sock in servers]
+    if ray_nodes is not None:
+        placed = await asyncio.to_thread(ray_nodes.start)
+        for node in placed:
+            _log.info("node %s on Ray node %s at %s", node.node_id, node.ray_node, node.control_url)
+        extra.append(asyncio.ensure_future(ray_nodes.watch()))
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
             task.result()
     finally:
+        for task in extra:
+            task.cancel()
+        if ray_nodes is not None:
+            await asyncio.to_thread(ray_nodes.stop)
         for server, _ in servers:
             server.should_exit = True
         with contextlib.suppress(Exception):
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *extra, return_exceptions=True)
 
 
 class NodeThread:

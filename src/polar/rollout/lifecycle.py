@@ -45,6 +45,7 @@ from polar.reward.base import EvalContext, EvalResult
 from polar.reward.registry import evaluate
 from polar.rollout.agent import AgentRun, installed_executable, run_agent
 from polar.rollout.conversation import conversation_json
+from polar.rollout.files import FileCache, FilesError
 from polar.rollout.protocol import (
     NodeCapacity,
     SessionAccounting,
@@ -121,6 +122,9 @@ class NodeSession:
     records: int = 0
     conversations: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Trace id -> its conversation, when the dispatch asks for them."""
+    shipped_hidden: Path | None = None
+    """The hidden tests' path as submitted, when the node runs them from its file
+    cache: hidden from the sandbox too, in case it exists here."""
 
     @property
     def id(self) -> str:
@@ -143,9 +147,11 @@ class Pipeline:
         *,
         runtime_factory: RuntimeFactory = create_runtime,
         on_change: Callable[[NodeSession], None] | None = None,
+        files: FileCache | None = None,
     ) -> None:
         self.settings = settings
         self.gateway = gateway
+        self._files = files
         self._factory = runtime_factory
         self._on_change = on_change or (lambda session: None)
         capacity = settings.capacity
@@ -222,6 +228,9 @@ class Pipeline:
     # ---------------------------------------------------------------- stages
 
     async def _prepare_stage(self, session: NodeSession) -> None:
+        if session.dispatch.task.files:
+            session.shipped_hidden = session.dispatch.task.hidden_tests
+            session.dispatch = await self._localized(session.dispatch)
         dispatch = session.dispatch
         session_dir = self.settings.sessions_dir / dispatch.session_id
         if session_dir.exists():
@@ -255,6 +264,16 @@ class Pipeline:
         except Exception as exc:
             raise SessionFailed(f"preparation failed: {exc}") from exc
 
+    async def _localized(self, dispatch: SessionDispatch) -> SessionDispatch:
+        """The dispatch with its task's shipped paths on this node (fetched once)."""
+        if self._files is None:
+            raise SessionFailed("the task's files were shipped, and this node keeps no file cache")
+        try:
+            task = await self._files.localize(dispatch.task)
+        except FilesError as exc:
+            raise SessionFailed(f"preparation failed: {exc}") from None
+        return dispatch.model_copy(update={"task": task})
+
     async def _runtime_for(
         self, session: NodeSession, session_dir: Path, gateway: GatewayAddress | None
     ) -> Runtime:
@@ -275,7 +294,11 @@ class Pipeline:
                 ) from None
             raise
         spec = runtime_spec_for(task, self.settings.runtime)
-        hidden = [task.hidden_tests.resolve()] if task.hidden_tests is not None else []
+        hidden = [
+            path.resolve()
+            for path in (task.hidden_tests, session.shipped_hidden)
+            if path is not None
+        ]
         spec = spec.model_copy(
             update={
                 "hidden": (*spec.hidden, *hidden),

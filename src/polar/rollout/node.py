@@ -24,6 +24,7 @@ import polar
 from polar.harness import DEFAULT_PATH
 from polar.proxy.gateway import Gateway
 from polar.rollout.config import NodeConfig
+from polar.rollout.files import FileCache, FilesError, unfinished
 from polar.rollout.lifecycle import (
     NodeSession,
     Pipeline,
@@ -164,11 +165,28 @@ class Node:
             self.gateway,
             runtime_factory=self._factory,
             on_change=self._on_change,
+            files=FileCache(
+                config.files_dir.resolve(), self._fetch_file if config.server_url else None
+            ),
         )
         headers = {"authorization": f"Bearer {config.control_token}"}
         self._http = httpx.AsyncClient(headers=headers, timeout=30)
         if config.server_url:
             self._loops.append(asyncio.ensure_future(self._heartbeats()))
+
+    async def _fetch_file(self, digest: str, into: Path) -> None:
+        """Download a task archive from the rollout server (see :mod:`polar.rollout.files`)."""
+        assert self._http is not None and self.config.server_url
+        url = f"{self.config.server_url}/files/{digest}"
+        try:
+            async with self._http.stream("GET", url, timeout=600) as reply:
+                if reply.status_code != 200:
+                    raise FilesError(f"GET {url} answered HTTP {reply.status_code}")
+                with into.open("wb") as out:
+                    async for chunk in reply.aiter_bytes(1 << 20):
+                        out.write(chunk)
+        except httpx.HTTPError as exc:
+            raise FilesError(f"GET {url} failed: {exc}") from None
 
     async def _reap(self) -> None:
         sessions_dir = self.config.sessions_dir.resolve()
@@ -179,18 +197,21 @@ class Node:
             sessions_dir=sessions_dir,
         )
         stale = await asyncio.to_thread(stale_session_dirs, sessions_dir)
-        for path in stale:
+        partial = await asyncio.to_thread(unfinished, self.config.files_dir.resolve())
+        for path in (*stale, *partial):
             await asyncio.to_thread(shutil.rmtree, path, True)
-        if reaped.total or stale:
+        if reaped.total or stale or partial:
             _log.warning(
                 "node %s: removed what a killed instance left: %d containers, %d cgroups, "
-                "%d state directories, %d session mounts, %d session directories",
+                "%d state directories, %d session mounts, %d session directories, "
+                "%d unfinished task-file downloads",
                 self.config.node_id,
                 reaped.containers,
                 reaped.cgroups,
                 reaped.state_dirs,
                 reaped.disks,
                 len(stale),
+                len(partial),
             )
 
     async def stop(self) -> None:

@@ -39,6 +39,7 @@ import httpx
 from polar.rollout.callbacks import signed_headers
 from polar.rollout.config import ServerConfig
 from polar.rollout.events import EventHub
+from polar.rollout.files import FileStore, unfinished
 from polar.rollout.http import ApiError
 from polar.rollout.protocol import (
     EventKind,
@@ -76,6 +77,8 @@ class RolloutServer:
         self.config = config
         self.public_url = public_url or f"http://{config.host}:{config.port}"
         self.store = RolloutStore(config.db)
+        self.files = FileStore(config.db.parent / "files")
+        """Tasks' host paths packed at submission, for nodes (:mod:`polar.rollout.files`)."""
         self.events = EventHub()
         self.nodes: dict[str, NodeState] = {}
         self._wake = asyncio.Event()
@@ -95,6 +98,8 @@ class RolloutServer:
         self._http = httpx.AsyncClient(headers=headers, timeout=30)
         self._callbacks = httpx.AsyncClient(timeout=30)
         self._started_at = time.monotonic()
+        for partial in unfinished(self.files.root):
+            partial.unlink(missing_ok=True)
         self._recover()
         self._loops = [
             asyncio.ensure_future(self._dispatch_loop()),
@@ -112,7 +117,15 @@ class RolloutServer:
         self.store.close()
 
     def _recover(self) -> None:
-        """After a restart: finish tasks whose sessions all ended, re-send owed callbacks."""
+        """After a restart: know the nodes again, finish tasks whose sessions all ended,
+        re-send owed callbacks."""
+        now, wall = time.monotonic(), time.time()
+        for row in self.store.nodes():
+            self.nodes[row.registration.node_id] = NodeState(
+                row.registration,
+                last_seen=now - max(0.0, wall - row.last_seen),
+                draining=row.draining,
+            )
         for task in self.store.tasks(limit=1_000_000):
             if task.status is TaskStatus.RUNNING:
                 self._maybe_finish(task.task_id)
@@ -341,9 +354,9 @@ class RolloutServer:
 
     def register(self, registration: NodeRegistration) -> None:
         old = self.nodes.get(registration.node_id)
-        self.nodes[registration.node_id] = NodeState(
-            registration, draining=old.draining if old else False
-        )
+        draining = old.draining if old else False
+        self.store.save_node(registration, draining=draining)
+        self.nodes[registration.node_id] = NodeState(registration, draining=draining)
         self.events.publish(
             EventKind.NODE_REGISTERED, node_id=registration.node_id, url=registration.url
         )
@@ -353,8 +366,8 @@ class RolloutServer:
         node = self.nodes.get(node_id)
         if node is None:
             raise ApiError(404, f"node {node_id} is not registered", "not_found")
-        now = time.monotonic()
-        node.last_seen = now
+        node.last_seen = time.monotonic()
+        self.store.node_seen(node_id)
         forget: list[str] = []
         cancel: list[str] = []
         for sid, status in beat.sessions.items():
@@ -383,6 +396,17 @@ class RolloutServer:
                 self._lost(session.session_id, f"node {node_id} no longer holds the session")
         return HeartbeatReply(forget=forget, cancel=cancel)
 
+    def node_died(self, node_id: str, reason: str) -> None:
+        """A node known to be gone (its Ray actor died): forgotten now, and its sessions
+        end ERROR with ``reason`` (resampled where allowed), without waiting for the
+        heartbeat timeout."""
+        if self.nodes.pop(node_id, None) is not None:
+            self.store.drop_node(node_id)
+            self.events.publish(EventKind.NODE_LOST, node_id=node_id)
+        for session in self.store.in_flight():
+            if session.node_id == node_id:
+                self._lost(session.session_id, f"node {node_id} died: {reason}")
+
     async def _fetch_result(self, node: NodeState, session_id: str) -> None:
         """Pull a finished session's result that the node has not delivered yet."""
         assert self._http is not None
@@ -399,6 +423,7 @@ class RolloutServer:
         node = self.nodes.get(node_id)
         if node is None:
             raise ApiError(404, f"node {node_id} is not registered", "not_found")
+        self.store.set_draining(node_id, draining)
         node.draining = draining
         if not draining:
             self._wake.set()
@@ -517,6 +542,7 @@ class RolloutServer:
         limit = 2 * self.config.node_timeout_s
         for node in list(self.nodes.values()):
             if now - node.last_seen > limit:
+                self.store.drop_node(node.id)
                 del self.nodes[node.id]
                 self.events.publish(EventKind.NODE_LOST, node_id=node.id)
         if now - self._started_at <= limit:

@@ -5,7 +5,8 @@ token); ``GET /tasks[?status=]`` lists them; ``GET /tasks/{id}`` is one view,
 ``GET /tasks/{id}/result[?wait=s]`` its result (202 with the view while it
 runs), ``POST /tasks/{id}/cancel`` cancels it, ``GET /tasks/{id}/events`` and
 ``GET /events`` stream events (SSE). Nodes register, beat and drain under
-``/nodes``; they deliver results to ``POST /callbacks/sessions``.
+``/nodes``; they deliver results to ``POST /callbacks/sessions`` and fetch the
+tasks' packed files from ``GET /files/{sha256}`` (:mod:`polar.rollout.files`).
 
 **Credentials.** Every route but ``/health`` wants the control token; the
 routes that read one task (its view, result and events) also take that task's
@@ -18,14 +19,16 @@ The server starts and stops with the app (its lifespan).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from polar.rollout.files import FilesError
 from polar.rollout.http import (
     ApiError,
     answered,
@@ -72,7 +75,11 @@ def create_server_app(server: RolloutServer) -> Starlette:
 
     async def submit(request: Request) -> Response:
         submission = await body_of(request, TaskSubmission)
-        task_id, access = server.submit(submission)
+        try:  # pack the task's host paths for nodes that do not share them
+            task = await asyncio.to_thread(server.files.ship, submission.task)
+        except FilesError as exc:
+            raise ApiError(422, str(exc)) from None
+        task_id, access = server.submit(submission.model_copy(update={"task": task}))
         view = server.store.view(task_id)
         assert view is not None
         return model_response(view.model_copy(update={"access_token": access}), 201)
@@ -148,6 +155,12 @@ def create_server_app(server: RolloutServer) -> Starlette:
         views = [server.node_view(node) for node in server.nodes.values()]
         return JSONResponse([view.model_dump(mode="json") for view in views])
 
+    async def task_file(request: Request) -> Response:
+        path = server.files.path(request.path_params["digest"])
+        if path is None:
+            raise ApiError(404, f"no task file {request.path_params['digest'][:80]}", "not_found")
+        return FileResponse(path, media_type="application/x-tar")
+
     async def session_result(request: Request) -> Response:
         server.accept_result(await body_of(request, SessionResult))
         return JSONResponse({"status": "stored"})
@@ -181,6 +194,7 @@ def create_server_app(server: RolloutServer) -> Starlette:
             control_route("/nodes/{node_id}/heartbeat", heartbeat, "POST"),
             control_route("/nodes/{node_id}/drain", drain, "POST"),
             control_route("/callbacks/sessions", session_result, "POST"),
+            control_route("/files/{digest}", task_file, "GET"),
         ],
         exception_handlers={404: not_found},
         lifespan=lifespan,

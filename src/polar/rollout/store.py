@@ -1,9 +1,12 @@
-"""The rollout server's durable state: tasks, their sessions, and every result.
+"""The rollout server's durable state: tasks, their sessions, every result, and the nodes.
 
 One SQLite file (WAL). Everything the server decides is written here before it
 acts on it, so a restarted server knows each task, which node holds which
 session, and every result already received: it resumes queued sessions,
 reconciles dispatched ones with the nodes' heartbeats, and reports the rest.
+It also knows its nodes (where they are, their capacity, which are draining, when
+each was last heard from), so it dispatches to them again without waiting for them
+to re-register; the cost is one small write per heartbeat.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar.rollout.protocol import (
+    NodeRegistration,
     SessionResult,
     SessionStatus,
     SessionView,
@@ -53,6 +57,12 @@ CREATE TABLE IF NOT EXISTS task_tokens (
     task_id TEXT PRIMARY KEY REFERENCES tasks(task_id),
     token_sha256 TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS nodes (
+    node_id TEXT PRIMARY KEY,
+    registration TEXT NOT NULL,
+    draining INTEGER NOT NULL DEFAULT 0,
+    last_seen REAL NOT NULL
+);
 CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status);
 CREATE INDEX IF NOT EXISTS sessions_by_task ON sessions (task_id);
 """
@@ -85,6 +95,14 @@ class SessionRow:
     result: SessionResult | None
 
 
+@dataclass(frozen=True, slots=True)
+class NodeRow:
+    registration: NodeRegistration
+    draining: bool
+    last_seen: float
+    """Wall-clock time the node was last heard from."""
+
+
 class RolloutStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +116,43 @@ class RolloutStore:
 
     def close(self) -> None:
         self._db.close()
+
+    # ---------------------------------------------------------------- nodes
+
+    def save_node(self, registration: NodeRegistration, *, draining: bool) -> None:
+        with self._db:
+            self._db.execute(
+                "INSERT INTO nodes (node_id, registration, draining, last_seen) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (node_id) DO UPDATE SET "
+                "registration = excluded.registration, draining = excluded.draining, "
+                "last_seen = excluded.last_seen",
+                (registration.node_id, registration.model_dump_json(), draining, time.time()),
+            )
+
+    def set_draining(self, node_id: str, draining: bool) -> None:
+        with self._db:
+            self._db.execute("UPDATE nodes SET draining = ? WHERE node_id = ?", (draining, node_id))
+
+    def node_seen(self, node_id: str) -> None:
+        with self._db:
+            self._db.execute(
+                "UPDATE nodes SET last_seen = ? WHERE node_id = ?", (time.time(), node_id)
+            )
+
+    def drop_node(self, node_id: str) -> None:
+        with self._db:
+            self._db.execute("DELETE FROM nodes WHERE node_id = ?", (node_id,))
+
+    def nodes(self) -> list[NodeRow]:
+        rows = self._db.execute("SELECT * FROM nodes ORDER BY node_id").fetchall()
+        return [
+            NodeRow(
+                registration=NodeRegistration.model_validate_json(row["registration"]),
+                draining=bool(row["draining"]),
+                last_seen=row["last_seen"],
+            )
+            for row in rows
+        ]
 
     # ---------------------------------------------------------------- writes
 

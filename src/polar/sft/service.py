@@ -51,6 +51,7 @@ def service_configs(
         update={
             "gateway": gateway,
             "sessions_dir": state / "sessions",
+            "files_dir": state / "files",
             "control_token": token,
             "control_port": 0,
         }

@@ -77,3 +77,8 @@ class Task(_Model):
     """Settings this task needs from its runtime (an image, limits); merged over
     the node's defaults."""
     metadata: dict[str, Any] = Field(default_factory=dict)
+    files: dict[str, str] = Field(default_factory=dict)
+    """Host path -> SHA-256 of its archive, for each path above; set by the rollout
+    server when the task is submitted (:mod:`polar.rollout.files`), so that nodes
+    sharing no path with it fetch what they need. What a submitter puts here is
+    replaced."""

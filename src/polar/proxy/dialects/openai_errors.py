@@ -17,6 +17,7 @@ from polar.proxy.errors import (
     ProxyError,
     StoreUnavailable,
     UnsupportedContent,
+    WorkerUnavailable,
 )
 
 
@@ -42,7 +43,7 @@ def error_json(error: ProxyError) -> WireError:
             kind, code = "invalid_request_error", None
         case GatewayPaused():
             kind, code = "server_error", "gateway_paused"
-        case StoreUnavailable():
+        case StoreUnavailable() | WorkerUnavailable():
             kind, code = "server_error", error.code
         case EngineError():
             kind, code = "server_error", error.code

@@ -17,7 +17,7 @@ from polar.ir import ChatRequest, EngineEvent
 from polar.proxy.engines.base import Headers
 from polar.proxy.engines.openai_compat import chat_body
 from polar.proxy.engines.replies import guarded
-from polar.proxy.engines.transport import EngineTransport
+from polar.proxy.engines.transport import Transport
 
 CHAT_PATH = "/v1/chat/completions"
 """The OpenAI-compatible chat route, the same on vLLM and SGLang."""
@@ -26,7 +26,7 @@ CHAT_PATH = "/v1/chat/completions"
 class HttpEngine:
     """An engine reached over HTTP through ``transport``, serving ``model``."""
 
-    def __init__(self, transport: EngineTransport, *, model: str) -> None:
+    def __init__(self, transport: Transport, *, model: str) -> None:
         self._transport = transport
         self._model = model
 
@@ -47,7 +47,7 @@ class CompatChatEngine(HttpEngine):
 
     def __init__(
         self,
-        transport: EngineTransport,
+        transport: Transport,
         *,
         model: str,
         template_kwargs: Mapping[str, Any] | None = None,

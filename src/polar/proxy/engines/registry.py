@@ -15,17 +15,25 @@ from polar.configfile import ConfigError
 from polar.plugins import load_factory
 from polar.proxy.config import EngineConfig, GatewayConfig
 from polar.proxy.engines.base import ChatEngine, TokenEngine
+from polar.proxy.engines.pool import EnginePool
 from polar.proxy.engines.sglang import SglangChatEngine
 from polar.proxy.engines.sglang_tokens import SglangTokenEngine
-from polar.proxy.engines.transport import EngineTransport
+from polar.proxy.engines.transport import EngineTransport, Transport
 from polar.proxy.engines.vllm import VllmChatEngine
 from polar.proxy.engines.vllm_tokens import VllmTokenEngine
 from polar.proxy.maxtokens import ContextWindow, context_from_models
 
 
-def _transport(config: EngineConfig) -> EngineTransport:
+def _transport(config: EngineConfig) -> Transport:
+    """One engine's transport, or a pool of them when ``engine.pool`` names more."""
+    if len(config.urls) == 1:
+        return _one(config, config.base_url)
+    return EnginePool([_one(config, url) for url in config.urls], eject_s=config.eject_s)
+
+
+def _one(config: EngineConfig, url: str) -> EngineTransport:
     return EngineTransport(
-        config.base_url,
+        url,
         api_key=config.api_key,
         connect_timeout_s=config.connect_timeout_s,
         read_timeout_s=config.read_timeout_s,
@@ -70,7 +78,7 @@ def context_window(config: EngineConfig) -> ContextWindow:
     """The configured context length, else the engine's ``max_model_len`` (asked once)."""
 
     async def fetch() -> int | None:
-        transport = _transport(config.model_copy(update={"max_connections": 1}))
+        transport = _one(config.model_copy(update={"max_connections": 1}), config.base_url)
         try:
             return context_from_models(await transport.get_json("/v1/models"), config.model)
         finally:

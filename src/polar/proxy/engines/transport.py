@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -96,6 +96,31 @@ def error_message(body: bytes) -> tuple[str, str | None]:
         if isinstance(inner, str):
             return clip(inner, 2000), None
     return clip(str(doc), 2000), None
+
+
+class Transport(Protocol):
+    """What an engine needs to reach its server: one engine (:class:`EngineTransport`)
+    or several serving one model (:class:`~polar.proxy.engines.pool.EnginePool`)."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    async def aclose(self) -> None: ...
+
+    async def get_json(self, path: str) -> Any: ...
+
+    async def post_json(
+        self,
+        path: str,
+        body: Any,
+        headers: Mapping[str, str] | None = None,
+        *,
+        idempotent: bool = False,
+    ) -> Any: ...
+
+    def stream_sse(
+        self, path: str, body: Any, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[SSEEvent]: ...
 
 
 class EngineTransport:

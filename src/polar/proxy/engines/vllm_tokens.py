@@ -29,7 +29,7 @@ from polar.proxy.engines.replies import (
     token_ids,
 )
 from polar.proxy.engines.sampling import sampling_params
-from polar.proxy.engines.transport import EngineTransport
+from polar.proxy.engines.transport import Transport
 from polar.proxy.errors import EngineProtocolError
 
 COMPLETIONS_PATH = "/v1/completions"
@@ -91,7 +91,7 @@ def _first_choice(reply: Any) -> dict[str, Any]:
 class VllmTokenEngine(HttpEngine):
     """vLLM (or the embedded engine) driven with token ids."""
 
-    def __init__(self, transport: EngineTransport, *, model: str, name: str = "vllm") -> None:
+    def __init__(self, transport: Transport, *, model: str, name: str = "vllm") -> None:
         super().__init__(transport, model=model)
         self._name = name
 

@@ -14,7 +14,11 @@ Durability contract (what is on disk, and when):
 * :meth:`SqliteStore.open` marks rows still ``in_flight`` from an earlier
   process ``interrupted``: they were sent and never finished. One gateway
   process writes a store at a time (an exclusive lock on ``<path>.lock``), so
-  rows in flight at open can only be a dead process's.
+  rows in flight at open can only be a dead process's. The exception is a
+  gateway group (``--workers N``): its parent holds the lock and recovers, its
+  workers open the store as ``member`` and write it together (SQLite's write
+  lock orders their transactions); the parent marks a dead worker's calls with
+  :meth:`SqliteStore.interrupt_in_flight`.
 * ``await store.append(record)`` writes a finished record in one go.
 
 With ``synchronous="normal"`` (the default; WAL mode) commits survive a crash
@@ -114,8 +118,14 @@ class SqliteStore:
         delta_window: int = 4,
         delta_budget_bytes: int = 256 << 20,
         write_timeout_s: float = 30.0,
+        member: bool = False,
     ) -> None:
+        """``member``: one of the worker processes of a gateway started with
+        ``--workers N`` (:mod:`polar.proxy.workers`), which write this store
+        together. Their parent holds the lock and recovers calls left in flight;
+        a member does neither."""
         self.path = path
+        self._member = member
         self._synchronous = synchronous.upper()
         self._delta_window = delta_window
         self._delta_budget = delta_budget_bytes
@@ -129,7 +139,8 @@ class SqliteStore:
     def open(self) -> None:
         """Open for writing: schema, migrations, recovery of calls left in flight."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock()
+        if not self._member:
+            self._lock()
         try:
             conn = self._connect()
         except sqlite3.DatabaseError as exc:
@@ -157,7 +168,8 @@ class SqliteStore:
                     (str(SCHEMA_VERSION),),
                 )
             conn.commit()
-            self.interrupted_at_open = self._recover(conn)
+            if not self._member:
+                self.interrupted_at_open = self._recover(conn)
         except (sqlite3.DatabaseError, StoreError) as exc:
             conn.close()
             self._unlock()
@@ -189,6 +201,34 @@ class SqliteStore:
                 cursor.rowcount,
             )
         return int(cursor.rowcount)
+
+    def interrupt_in_flight(self, owned: Callable[[str], bool]) -> int:
+        """Mark ``interrupted`` the calls in flight of the sessions ``owned`` says
+        are a dead worker's (a group's parent calls it before the worker restarts)."""
+        conn = self._connect()
+        try:
+            rows = conn.execute(
+                "SELECT rowid, session_id FROM records WHERE status = ?",
+                (RecordStatus.IN_FLIGHT.value,),
+            ).fetchall()
+            rowids = [(rowid,) for rowid, session_id in rows if owned(session_id)]
+            error = CallError(
+                kind=ErrorKind.GATEWAY_STOPPED,
+                message="the gateway worker serving this call stopped while it was in flight",
+            )
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(
+                "UPDATE records SET status = ?, error = ? WHERE rowid = ? AND status = ?",
+                [
+                    (RecordStatus.INTERRUPTED.value, dumps(error_json(error)), rowid,
+                     RecordStatus.IN_FLIGHT.value)
+                    for (rowid,) in rowids
+                ],
+            )  # fmt: skip
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        return len(rowids)
 
     def close(self) -> None:
         if self._writer is None:

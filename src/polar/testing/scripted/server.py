@@ -25,6 +25,8 @@ from polar.testing.serverthread import ServerThread
 @dataclass(slots=True)
 class _State:
     requests: list[dict[str, Any]] = field(default_factory=list)
+    sessions: list[str | None] = field(default_factory=list)
+    """The session header of each request in ``requests`` (``None``: none sent)."""
     failures: list[str] = field(default_factory=list)
     positions: dict[str | None, int] = field(default_factory=dict)
     """Turns used, per session (``None``: the one script of a single-script engine)."""
@@ -135,6 +137,12 @@ class ScriptedEngine:
             return list(self._state.requests)
 
     @property
+    def sessions(self) -> list[str | None]:
+        """The session of every request received (its :data:`SESSION_HEADER`), in order."""
+        with self._lock:
+            return list(self._state.sessions)
+
+    @property
     def weight_updates(self) -> list[dict[str, Any]]:
         """Weight updates accepted (SGLang wire), in order."""
         with self._lock:
@@ -203,6 +211,7 @@ class ScriptedEngine:
     def _next_turn(self, body: dict[str, Any], seen: ObservedRequest, session: str | None) -> Turn:
         with self._lock:
             self._state.requests.append(body)
+            self._state.sessions.append(session)
             try:
                 script, key, name = self._script_for(session)
             except ScriptMismatch as exc:

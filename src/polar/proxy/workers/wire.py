@@ -1,0 +1,255 @@
+"""HTTP/1.1 framing for the router: request heads, bodies, responses.
+
+The router reads only what it must to route a call (the request head, the
+body's framing) and passes the bytes on unchanged, so the worker parses the very
+bytes the client sent. A head the router cannot frame without doubt (two
+lengths, a transfer coding other than ``chunked``, folded header lines) is
+refused with a 400 before it reaches a worker: the router and the worker can
+never disagree on where a request ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from http import HTTPStatus
+
+import orjson
+
+from polar.proxy.dialects.anthropic_messages.translate import error_json as anthropic_error
+from polar.proxy.dialects.openai_errors import error_json as openai_error
+from polar.proxy.errors import ProxyError
+
+MAX_HEAD = 64 << 10
+"""Largest request head (request line and headers), bytes."""
+_READ = 1 << 16
+
+
+class BadFraming(Exception):
+    """The request cannot be framed without doubt; answered 400, connection closed."""
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request was whole."""
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    raw: bytes
+    method: str
+    target: str
+    path: str
+    headers: dict[str, str]
+    """Lower-cased names; the last value wins (as the gateway's hot routes read them)."""
+    length: int | None
+    chunked: bool
+    keep_alive: bool
+
+
+def parse_head(raw: bytes) -> Head:
+    lines = raw[:-4].split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
+        raise BadFraming("malformed request line")
+    headers: dict[str, str] = {}
+    lengths: set[bytes] = set()
+    codings: list[bytes] = []
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name != name.strip() or line[:1] in (b" ", b"\t"):
+            raise BadFraming("malformed header line")
+        key = name.decode("latin-1").lower()
+        value = value.strip(b" \t")
+        if key == "content-length":
+            lengths.add(value)
+        elif key == "transfer-encoding":
+            codings.append(value.lower())
+        headers[key] = value.decode("latin-1")
+    if len(lengths) > 1:
+        raise BadFraming("conflicting Content-Length headers")
+    if codings and (lengths or codings != [b"chunked"]):
+        raise BadFraming("only a lone 'Transfer-Encoding: chunked' is accepted")
+    length = None
+    if lengths:
+        (value,) = lengths
+        if not value.isdigit() or len(value) > 18:
+            raise BadFraming("malformed Content-Length")
+        length = int(value)
+    method = parts[0].decode("latin-1")
+    target = parts[1].decode("latin-1")
+    connection = headers.get("connection", "").lower()
+    keep_alive = "close" not in connection and (
+        parts[2] == b"HTTP/1.1" or "keep-alive" in connection
+    )
+    return Head(
+        raw=raw,
+        method=method,
+        target=target,
+        path=target.partition("?")[0],
+        headers=headers,
+        length=length,
+        chunked=bool(codings),
+        keep_alive=keep_alive,
+    )
+
+
+class Inbound:
+    """A client connection's bytes: what has arrived and not been used yet."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+        self.buf = bytearray()
+        self.eof = False
+        self._pending: asyncio.Future[bytes] | None = None
+
+    def more(self) -> asyncio.Future[bytes]:
+        """The one outstanding read (shared: also watched while a reply is awaited)."""
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._reader.read(_READ))
+        return self._pending
+
+    def took(self) -> bool:
+        """Move a finished read into the buffer; ``False`` at the end of the stream."""
+        pending = self._pending
+        assert pending is not None and pending.done()
+        self._pending = None
+        data = pending.result()
+        if data:
+            self.buf += data
+        else:
+            self.eof = True
+        return bool(data)
+
+    async def fill(self) -> bool:
+        if self.eof:
+            return False
+        await self.more()
+        return self.took()
+
+    def cancel(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+
+    async def head(self) -> bytes | None:
+        """The next request head, or ``None`` when the client closed between requests."""
+        start = 0
+        while True:
+            end = self.buf.find(b"\r\n\r\n", start)
+            if end >= 0:
+                raw = bytes(self.buf[: end + 4])
+                del self.buf[: end + 4]
+                return raw
+            if len(self.buf) > MAX_HEAD:
+                raise BadFraming(f"request head larger than {MAX_HEAD} bytes")
+            start = max(0, len(self.buf) - 3)
+            if not await self.fill():
+                if self.buf:
+                    raise ClientGone
+                return None
+
+    async def take(self, most: int) -> bytes:
+        """Up to ``most`` bytes (at least one)."""
+        while not self.buf:
+            if not await self.fill():
+                raise ClientGone
+        chunk = bytes(self.buf[:most])
+        del self.buf[: len(chunk)]
+        return chunk
+
+    async def line(self) -> bytes:
+        while True:
+            end = self.buf.find(b"\r\n")
+            if end >= 0:
+                raw = bytes(self.buf[: end + 2])
+                del self.buf[: end + 2]
+                return raw
+            if len(self.buf) > 4096:
+                raise BadFraming("chunk header line too long")
+            if not await self.fill():
+                raise ClientGone
+
+
+async def copy_body(head: Head, inbound: Inbound, out: asyncio.StreamWriter) -> None:
+    """Pass the request's body on as it arrives, framing unchanged."""
+    if head.chunked:
+        while True:
+            line = await inbound.line()
+            size_text = line[:-2].split(b";")[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise BadFraming("malformed chunk size") from None
+            out.write(line)
+            if size == 0:
+                while line != b"\r\n":  # trailers, up to the empty line
+                    line = await inbound.line()
+                    out.write(line)
+                return
+            await _copy(inbound, out, size + 2)
+    if head.length:
+        await _copy(inbound, out, head.length)
+
+
+async def _copy(inbound: Inbound, out: asyncio.StreamWriter, size: int) -> None:
+    while size:
+        chunk = await inbound.take(size)
+        out.write(chunk)
+        size -= len(chunk)
+        if out.transport.get_write_buffer_size() > (1 << 20):
+            await out.drain()
+
+
+async def read_body(head: Head, inbound: Inbound, limit: int) -> bytes:
+    """A whole (small) body, for the requests the router answers itself."""
+    if head.chunked:
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            line = await inbound.line()
+            try:
+                size = int(line[:-2].split(b";")[0].strip(), 16)
+            except ValueError:
+                raise BadFraming("malformed chunk size") from None
+            total += size
+            if total > limit:
+                raise BadFraming(f"request body larger than {limit} bytes")
+            if size == 0:
+                while line != b"\r\n":  # trailers, up to the empty line
+                    line = await inbound.line()
+                return b"".join(parts)
+            parts.append((await _exact(inbound, size + 2))[:-2])
+    size = head.length or 0
+    if size > limit:
+        raise BadFraming(f"request body larger than {limit} bytes")
+    return await _exact(inbound, size)
+
+
+async def _exact(inbound: Inbound, size: int) -> bytes:
+    parts: list[bytes] = []
+    while size:
+        chunk = await inbound.take(size)
+        parts.append(chunk)
+        size -= len(chunk)
+    return b"".join(parts)
+
+
+def response(
+    status: int, body: bytes, *, content_type: str = "application/json", close: bool = False
+) -> bytes:
+    reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\n"
+        f"content-length: {len(body)}\r\n"
+    )
+    if close:
+        head += "connection: close\r\n"
+    return head.encode("latin-1") + b"\r\n" + body
+
+
+def error_reply(path: str, error: ProxyError, *, close: bool = False) -> bytes:
+    """An error from the router itself, in the shape of the dialect the path serves."""
+    if path.startswith("/v1/messages"):
+        body = orjson.dumps(anthropic_error(error))
+    else:
+        body = orjson.dumps(openai_error(error))
+    return response(error.status, body, close=close)
