@@ -86,7 +86,12 @@ def test_a_finishing_session_appears_live_and_cancel_cancels(
         hung = submit(stack, tmp_path, "hung-task", "hang")
         browser.get(f"{board.url}/tasks/{hung}")
         wait_for(lambda: browser.find_element(By.ID, "live-state").text == "live", "SSE")
-        browser.find_element(By.CSS_SELECTOR, "button.cancel").click()
+
+        def cancel() -> bool:  # the live page may swap the button for a fresh one meanwhile
+            browser.find_element(By.CSS_SELECTOR, "button.cancel").click()
+            return True
+
+        wait_for(cancel, "the cancel button to take a click")
         wait_for(lambda: browser.execute_script(TASK_STATUS) == "cancelled", "the cancel", 120)
         with stack.client() as client:
             view = client.task(hung)

@@ -211,16 +211,27 @@ class BwrapSandbox:
                     env={"PATH": SANDBOX_PATH},
                 )
             except OSError as exc:
+                control.close()
                 raise RuntimeStartError(
                     f"cannot start {argv_for_fd[0]}: {exc.strerror or exc} "
                     "(install bubblewrap: scripts/setup --sandbox)"
                 ) from None
+            except BaseException:
+                control.close()
+                raise
         control.setblocking(False)
         sandbox = cls(process, control)
         exited = asyncio.ensure_future(process.wait())
-        done, _ = await asyncio.wait(
-            [sandbox._ready, exited], timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
-        )
+        try:
+            done, _ = await asyncio.wait(
+                [sandbox._ready, exited],
+                timeout=READY_TIMEOUT_S,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        except BaseException:  # cancelled while the sandbox starts: end it, leak nothing
+            exited.cancel()
+            await asyncio.shield(sandbox.close())
+            raise
         if sandbox._ready not in done:
             await sandbox.close()
             reason = _tail(log) or "no output"

@@ -159,6 +159,10 @@ class GatewayRelay:
         finally:
             self._connections.discard(task)
             writer.close()
+            # Let the transport close its socket now: a relay stopped as its event loop
+            # ends would otherwise leave the socket to the garbage collector, unclosed.
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await writer.wait_closed()
 
     async def _next_request(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
