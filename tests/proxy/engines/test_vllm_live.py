@@ -321,7 +321,9 @@ def test_a_weight_push_reaches_vllm_and_aborts_no_call(
         drain_timeout_s=120,
     )
     key, sid = _session(server.url)
-    body = {"model": "m", "messages": HISTORY[:2], "max_tokens": 256, "stream": True}
+    # Long enough to be still in flight when the push pauses the gateway: 256 tokens
+    # finished first once on an idle machine (the push then drained no call).
+    body = {"model": "m", "messages": HISTORY[:2], "max_tokens": 2048, "stream": True}
     replies: list[httpx.Response] = []
     try:
         assert sync.check() == [0]
@@ -342,7 +344,7 @@ def test_a_weight_push_reaches_vllm_and_aborts_no_call(
     assert report.drained_calls == 1
     assert replies[0].status_code == 200 and after.status_code == 200
     first, second = SqliteStore(db).records(sid)
-    assert first.status is RecordStatus.COMPLETED and len(first.output_ids) == 256
+    assert first.status is RecordStatus.COMPLETED and len(first.output_ids) == 2048
     assert (first.policy_version, second.policy_version) == (0, 1)
     assert (token_after, logprob_after) != (token_before, logprob_before)
     (ours,) = sequence_logprobs(trainer, [*fixed, token_after], len(fixed))
