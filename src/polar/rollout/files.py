@@ -31,9 +31,9 @@ import tarfile
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from polar.tasks.model import DirectoryWorkspace, GitWorkspace, Task
+from polar.tasks.parse import local_repo
 
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
@@ -60,13 +60,9 @@ def local_paths(task: Task) -> dict[str, Path]:
 
 
 def _git_path(repo: str) -> Path | None:
-    """A local repository's path (a plain path or ``file://`` URL); None for a remote one."""
-    parts = urlsplit(repo)
-    if parts.scheme == "file":
-        return Path(parts.path)
-    if parts.scheme or ":" in repo.split("/", 1)[0]:  # https://..., git@host:repo
-        return None
-    return Path(repo)
+    """A local repository's path; None for a remote one. A task holds absolute paths
+    (its loader resolved them), so nothing is relative to a directory here."""
+    return local_repo(repo, Path("/"))
 
 
 class FileStore:

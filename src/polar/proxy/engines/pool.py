@@ -174,15 +174,16 @@ class EnginePool:
     ) -> Any:
         """A request that changes nothing on an engine (``/tokenize``, ``/v1/models``):
         when its engine is out, it is sent to the next one, each engine at most once."""
-        for attempt in range(1, len(self._members) + 1):
+        for _ in range(len(self._members) - 1):
             member = self.choose(session)
             try:
                 with self._using(member):
                     return await send(member.transport)
             except (EngineUnavailable, EngineTimeout):
-                if attempt == len(self._members):
-                    raise
-        raise AssertionError("unreachable")
+                continue  # ejected by _using: the next choice is another engine
+        member = self.choose(session)
+        with self._using(member):
+            return await send(member.transport)
 
     async def stream_sse(
         self, path: str, body: Any, headers: Mapping[str, str] | None = None
