@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -213,3 +215,36 @@ class sqlite_check:
 
     def __exit__(self, *exc: object) -> None:
         self._conn.close()
+
+
+def test_a_stalled_writer_times_out_its_callers_and_a_cancelled_wait_still_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SqliteStore(tmp_path / "r.db", write_timeout_s=0.3)
+    store.open()
+    assert store._writer is not None
+    stalled = threading.Event()
+    apply = store._writer._apply_batch
+
+    def slow(ops: list[Any]) -> list[BaseException | None]:
+        stalled.wait(10)
+        return apply(ops)
+
+    async def go() -> tuple[BaseException | None, BaseException | None]:
+        await store.insert_session(SESSION)
+        monkeypatch.setattr(store._writer, "_apply_batch", slow)
+        waiting = asyncio.create_task(store.begin(call(1)))
+        await asyncio.sleep(0.05)
+        waiting.cancel()  # its caller stops waiting; the write stays queued
+        cancelled = await asyncio.gather(waiting, return_exceptions=True)
+        timed_out = await asyncio.gather(store.begin(call(2)), return_exceptions=True)
+        stalled.set()
+        await store.begin(call(3))  # committed after 1 and 2: the writer is in order
+        return timed_out[0], cancelled[0]
+
+    timed_out, cancelled = asyncio.run(go())
+    assert isinstance(timed_out, StoreError)
+    assert "did not commit within 0.3 s" in str(timed_out)
+    assert isinstance(cancelled, asyncio.CancelledError)
+    store.close()
+    assert [r.seq for r in SqliteStore(tmp_path / "r.db").records("s1")] == [1, 2, 3]

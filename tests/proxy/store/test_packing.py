@@ -8,7 +8,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from polar.ir.tokenids import pack
+from polar.ir.tokenids import PromptIdList, pack
 from polar.proxy.store.packing import (
     blob_key,
     decode_blob,
@@ -88,3 +88,15 @@ def test_a_token_engine_prompt_is_stored_once_with_the_record() -> None:
     assert joined == other
     assert all(type(v) is float for v in joined["prompt"])
     assert joined["flags"][0] is True
+
+
+def test_the_gateways_own_prompt_list_is_recognised_without_comparing_ids() -> None:
+    prompt = tuple(range(1000, 21000))
+    body = {"model": "m", "prompt": PromptIdList(prompt), "max_tokens": 16}
+    skeleton, blobs, _ = split_body(body, prompt=pack(prompt))
+    assert len(blobs) == 0 and b'"prompt_ids"' in skeleton
+    assert join_body(skeleton, dict(blobs).__getitem__, prompt) == {**body, "prompt": list(prompt)}
+    # Of another length it is not the prompt: stored as any list.
+    skeleton, blobs, _ = split_body(body, prompt=pack(prompt[:-1]))
+    assert b'"prompt_ids"' not in skeleton
+    assert join_body(skeleton, dict(blobs).__getitem__, prompt[:-1]) == body

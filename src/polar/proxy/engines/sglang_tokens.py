@@ -13,6 +13,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from polar.ir import Delta, EngineEvent, Finish, Usage
+from polar.ir.tokenids import PromptIdList
 from polar.proxy.engines.adapter import HttpEngine
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers, TokenRequest
 from polar.proxy.engines.openai_compat import finish_reason
@@ -42,7 +43,7 @@ def generate_body(request: TokenRequest) -> dict[str, Any]:
     if request.stop_token_ids:
         params["stop_token_ids"] = list(request.stop_token_ids)
     return {
-        "input_ids": list(request.prompt_ids),
+        "input_ids": PromptIdList(request.prompt_ids),
         "sampling_params": params,
         "return_logprob": True,
         "logprob_start_len": -1,

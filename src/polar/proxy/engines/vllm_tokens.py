@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from polar.ir import Delta, EngineEvent, Finish, FinishReason, TokenLogprob, TopLogprob
+from polar.ir.tokenids import PromptIdList
 from polar.proxy.engines.adapter import HttpEngine
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers, TokenRequest
 from polar.proxy.engines.openai_compat import finish_reason, usage
@@ -38,7 +39,7 @@ COMPLETIONS_PATH = "/v1/completions"
 def completion_body(request: TokenRequest, *, model: str) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
-        "prompt": list(request.prompt_ids),
+        "prompt": PromptIdList(request.prompt_ids),
         "stream": request.stream,
         "logprobs": request.top_logprobs or 0,
         "return_token_ids": True,

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from polar.ir.tokenids import WIDTH, pack
+from polar.ir.tokenids import WIDTH, PromptIdList, pack
 
 # Elements smaller than this stay inline in the skeleton: a blob reference costs ~40 bytes.
 MIN_BLOB_BYTES = 96
@@ -142,10 +142,13 @@ def split_body(
 
 
 def _is_prompt(value: Any, prompt: bytes) -> bool:
-    """Whether ``value`` is exactly the packed ids (checked in C: a prompt has
-    tens of thousands): the same ints, none a ``bool`` or a float."""
+    """Whether ``value`` is exactly the packed ids: a :class:`PromptIdList` of
+    their length, or else the same ints, none a ``bool`` or a float (checked in
+    C: a prompt has tens of thousands)."""
     if not isinstance(value, list) or len(value) * WIDTH != len(prompt):
         return False
+    if type(value) is PromptIdList:  # the gateway built it from this very prompt
+        return True
     try:
         same = pack(value) == prompt
     except (TypeError, OverflowError):

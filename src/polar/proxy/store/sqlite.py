@@ -70,6 +70,7 @@ from polar.proxy.store.writer import (
     CloseSession,
     FinishRecord,
     InsertSession,
+    Item,
     Op,
     SessionRow,
     SetMeta,
@@ -131,6 +132,8 @@ class SqliteStore:
         self._delta_budget = delta_budget_bytes
         self._write_timeout = write_timeout_s
         self._writer: Writer | None = None
+        # Per event loop, the writes of its current turn (see _hold).
+        self._held: dict[asyncio.AbstractEventLoop, _Turn] = {}
         self._lock_fd: int | None = None
         self.interrupted_at_open = 0
 
@@ -233,6 +236,10 @@ class SqliteStore:
     def close(self) -> None:
         if self._writer is None:
             return
+        for loop in list(self._held):  # writes held in a turn that has not ended
+            turn = self._held.pop(loop, None)
+            if turn is not None:
+                self._writer.put(turn.items)
         self._writer.stop()
         self._writer = None
         self._unlock()
@@ -345,16 +352,26 @@ class SqliteStore:
             raise StoreError("the record store's writer has stopped")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        future.add_done_callback(_retrieve)
-        # Once queued, the write happens even if this caller is cancelled or times out.
-        writer.put((op, future, loop))
-        try:
-            async with asyncio.timeout(self._write_timeout):
-                await asyncio.shield(future)
-        except TimeoutError:
-            raise StoreError(
-                f"the record store did not commit within {self._write_timeout:g} s"
-            ) from None
+        # Once queued, the write happens even if this caller is cancelled (which
+        # cancels only its wait) or times out.
+        self._hold(writer, loop).add(op, future)
+        await future
+
+    def _hold(self, writer: Writer, loop: asyncio.AbstractEventLoop) -> _Turn:
+        """The writes of this event-loop turn: queued together at its end, so the
+        writer thread wakes once per turn, not once per write, and one timer
+        (not one per write) fails those not committed in time."""
+        turn = self._held.get(loop)
+        if turn is None:
+            turn = self._held[loop] = _Turn(self._write_timeout)
+            loop.call_soon(self._send_held, writer, loop)
+        return turn
+
+    def _send_held(self, writer: Writer, loop: asyncio.AbstractEventLoop) -> None:
+        turn = self._held.pop(loop, None)
+        if turn is not None:
+            writer.put(turn.items)
+            turn.start_timer(loop)
 
     # ---------------------------------------------------------------- reads
 
@@ -452,10 +469,39 @@ class SqliteStore:
         )
 
 
-def _retrieve(future: asyncio.Future[None]) -> None:
-    """Mark a write's exception as seen (its caller may have stopped waiting)."""
-    if not future.cancelled():
-        future.exception()
+class _Turn:
+    """One event-loop turn's writes, and the timer that fails those of them
+    still not committed ``timeout_s`` after they were queued."""
+
+    __slots__ = ("items", "pending", "timeout_s", "timer")
+
+    def __init__(self, timeout_s: float) -> None:
+        self.items: list[Item] = []
+        self.pending = 0
+        self.timeout_s = timeout_s
+        self.timer: asyncio.TimerHandle | None = None
+
+    def add(self, op: Op, future: asyncio.Future[None]) -> None:
+        self.items.append((op, future, future.get_loop()))
+        self.pending += 1
+        future.add_done_callback(self._settled)
+
+    def start_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.pending:
+            self.timer = loop.call_later(self.timeout_s, self._expire)
+
+    def _settled(self, future: asyncio.Future[None]) -> None:
+        if not future.cancelled():
+            future.exception()  # seen: its caller may have stopped waiting
+        self.pending -= 1
+        if not self.pending and self.timer is not None:
+            self.timer.cancel()
+
+    def _expire(self) -> None:
+        message = f"the record store did not commit within {self.timeout_s:g} s"
+        for _, future, _ in self.items:
+            if future is not None and not future.done():
+                future.set_exception(StoreError(message))
 
 
 def _prompt(base: int | None, shared: int, tail: bytes, full_of: Callable[[int], bytes]) -> bytes:

@@ -159,7 +159,12 @@ class DeltaBases:
             return None, 0
         self._sessions.move_to_end(session_id)
         best_row, best_len = None, 0
-        for rowid, full in entries:
+        # Newest first: usually the last call's string is a prefix of this prompt,
+        # and then no shorter string (every older one, as a rule) can beat it and
+        # none of them is unpacked.
+        for rowid, full in reversed(entries):
+            if len(full) <= best_len:
+                continue
             shared = common_prefix(full.packed(), prompt)
             if shared > best_len:
                 best_row, best_len = rowid, shared
@@ -190,7 +195,7 @@ class Writer:
 
     def __init__(self, conn: sqlite3.Connection, *, delta_window: int, delta_budget: int) -> None:
         self._conn = conn
-        self._queue: queue.SimpleQueue[Item | None] = queue.SimpleQueue()  # None: stop
+        self._queue: queue.SimpleQueue[list[Item] | None] = queue.SimpleQueue()  # None: stop
         self._bases = DeltaBases(delta_window, delta_budget)
         self._known_blobs: OrderedDict[bytes, None] = OrderedDict()
         # Per (session, body kind): the lists of its last stored request body.
@@ -205,8 +210,9 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="polar-store-writer", daemon=True)
         self._thread.start()
 
-    def put(self, item: Item) -> None:
-        self._queue.put(item)
+    def put(self, items: list[Item]) -> None:
+        """Queue ``items`` (the writes of one event-loop turn: one wake-up of the thread)."""
+        self._queue.put(items)
 
     @property
     def alive(self) -> bool:
@@ -231,30 +237,33 @@ class Writer:
     def _run(self) -> None:
         try:
             while True:
-                item = self._queue.get()
-                if item is None:
+                got = self._queue.get()
+                if got is None:
                     return
-                items = [item]
+                items = list(got)
                 while len(items) < BATCH:
                     try:
-                        nxt = self._queue.get_nowait()
+                        more = self._queue.get_nowait()
                     except queue.Empty:
                         break
-                    if nxt is None:
+                    if more is None:
                         self._queue.put(None)
                         break
-                    items.append(nxt)
+                    items.extend(more)
                 try:
                     outcomes = self._apply_batch([op for op, _, _ in items])
                 except BaseException as exc:  # a bug here must not end the writer
                     _log.error("record store: a batch failed outright: %s", describe(exc))
                     outcomes = [exc for _ in items]
+                settled: dict[asyncio.AbstractEventLoop, list[Settlement]] = {}
                 for (op, future, loop), outcome in zip(items, outcomes, strict=True):
                     if outcome is not None:
                         self._failed_ops += 1
                         _log.error("record store: %s failed: %s", label(op), describe(outcome))
                     if future is not None and loop is not None:
-                        _settle_from_thread(loop, future, outcome)
+                        settled.setdefault(loop, []).append((future, outcome))
+                for loop, settlements in settled.items():
+                    _settle_from_thread(loop, settlements)
         except BaseException as exc:
             self._last_error = f"the writer stopped: {describe(exc)}"
             _log.critical("record store: %s", self._last_error)
@@ -267,14 +276,12 @@ class Writer:
         error = StoreError("the record store's writer has stopped")
         while True:
             try:
-                item = self._queue.get_nowait()
+                got = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if item is None:
-                continue
-            _, future, loop = item
-            if future is not None and loop is not None:
-                _settle_from_thread(loop, future, error)
+            for _, future, loop in got or ():
+                if future is not None and loop is not None:
+                    _settle_from_thread(loop, [(future, error)])
 
     def _apply_batch(self, ops: list[Op]) -> list[BaseException | None]:
         error = self._transaction(ops)
@@ -493,20 +500,23 @@ def _store_level(error: BaseException) -> bool:
     )
 
 
-def _settle_from_thread(
-    loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], outcome: BaseException | None
-) -> None:
+Settlement = tuple["asyncio.Future[None]", BaseException | None]
+
+
+def _settle_from_thread(loop: asyncio.AbstractEventLoop, settlements: list[Settlement]) -> None:
+    """Settle a batch's futures of one loop with one wake-up of that loop."""
     # A closed loop (RuntimeError) means nobody is waiting any more.
     with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(_settle, future, outcome)
+        loop.call_soon_threadsafe(_settle_all, settlements)
 
 
-def _settle(future: asyncio.Future[None], outcome: BaseException | None) -> None:
-    if future.done():
-        return
-    if outcome is None:
-        future.set_result(None)
-    elif isinstance(outcome, StoreError):
-        future.set_exception(outcome)
-    else:
-        future.set_exception(StoreError(f"record store write failed: {describe(outcome)}"))
+def _settle_all(settlements: list[Settlement]) -> None:
+    for future, outcome in settlements:
+        if future.done():
+            continue
+        if outcome is None:
+            future.set_result(None)
+        elif isinstance(outcome, StoreError):
+            future.set_exception(outcome)
+        else:
+            future.set_exception(StoreError(f"record store write failed: {describe(outcome)}"))
