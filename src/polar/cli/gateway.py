@@ -159,12 +159,11 @@ def gateway(
 
 
 def run_gateway(settings: GatewayConfig) -> None:
-    import uvicorn
-
     from polar.gctune import tune_for_serving
     from polar.malloctune import pin_mmap_threshold
     from polar.proxy.app import create_app
     from polar.proxy.gateway import Gateway
+    from polar.proxy.httpwire import run_server
 
     configure_logging(settings.log_level)
     if settings.workers > 1:
@@ -177,15 +176,12 @@ def run_gateway(settings: GatewayConfig) -> None:
         fail("gateway", str(exc))
     app = create_app(gateway_)
     tune_for_serving(settings.gc_young_threshold)
-    uvicorn.run(
+    run_server(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        timeout_keep_alive=settings.keepalive_s,
+        keepalive_s=settings.keepalive_s,
     )
 
 

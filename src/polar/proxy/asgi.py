@@ -8,7 +8,7 @@ gateway's CPU per call at a few hundred concurrent sessions); everything else
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -61,28 +61,43 @@ class DisconnectWatch:
     """Cancels the current task if the client disconnects before ``done()``.
 
     ASGI servers drop writes to a closed connection silently, so a handler
-    would otherwise keep an engine generating for nobody. One extra waiter per
-    call; the handler catches the cancellation and records the call as aborted.
+    would otherwise keep an engine generating for nobody. Under the gateway's
+    own server (:mod:`polar.proxy.httpwire`) the connection calls back when it
+    is lost; under any other ASGI server one extra task per call waits on
+    ``receive()`` for ``http.disconnect``. The handler catches the cancellation
+    and records the call as aborted.
     """
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, scope: Scope | None = None) -> None:
         self.disconnected = False
         self._finished = False
         self._task = asyncio.current_task()
-        self._waiter = asyncio.ensure_future(self._watch(receive))
+        self._waiter: asyncio.Future[None] | None = None
+        self._unwatch: Callable[[], None] | None = None
+        connection = (scope or {}).get("polar.connection")
+        if connection is not None:
+            self._unwatch = connection.on_lost(self._lost)
+        else:
+            self._waiter = asyncio.ensure_future(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if not self._finished and self._task is not None:
-                    self.disconnected = True
-                    self._task.cancel()
+                self._lost()
                 return
+
+    def _lost(self) -> None:
+        if not self._finished and self._task is not None:
+            self.disconnected = True
+            self._task.cancel()
 
     def done(self) -> None:
         self._finished = True
-        self._waiter.cancel()
+        if self._waiter is not None:
+            self._waiter.cancel()
+        if self._unwatch is not None:
+            self._unwatch()
 
 
 class Router:

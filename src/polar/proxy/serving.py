@@ -132,7 +132,7 @@ async def serve(
             session=session, dialect=codec.dialect, request=chat, original=body, arrived=arrived
         )
     )
-    watch = DisconnectWatch(receive)
+    watch = DisconnectWatch(receive, scope)
     try:
         if chat.stream:
             await _stream(send, codec, chat, events)

@@ -16,8 +16,16 @@ import uvicorn
 
 class ServerThread:
     def __init__(
-        self, app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        http: Any = "h11",
     ) -> None:
+        """``http``: uvicorn's protocol (a name, or a class such as the gateway's
+        :class:`polar.proxy.httpwire.GatewayHttpProtocol`)."""
         # proto must be IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets
         # only when it is, and without it a response's body segment waits ~40 ms
         # for the delayed ACK of its header segment on every kept-alive request.
@@ -31,7 +39,7 @@ class ServerThread:
             log_level=log_level,
             lifespan="on",
             loop="asyncio",
-            http="h11",
+            http=http,
             timeout_graceful_shutdown=5,
         )
         self._server = uvicorn.Server(config)

@@ -16,26 +16,17 @@ from polar.proxy.workers.affinity import WorkerSlot
 
 
 def serve_worker(settings: GatewayConfig, slot: WorkerSlot, socket_path: str) -> None:
-    import uvicorn
-
     from polar.gctune import tune_for_serving
     from polar.malloctune import pin_mmap_threshold
     from polar.proxy.app import create_app
     from polar.proxy.gateway import Gateway
+    from polar.proxy.httpwire import run_server
 
     _exit_with_parent()
     pin_mmap_threshold()
     app = create_app(Gateway(settings, worker=slot))
     tune_for_serving(settings.gc_young_threshold)
-    uvicorn.run(
-        app,
-        uds=socket_path,
-        log_level=settings.log_level,
-        loop="uvloop",
-        http="httptools",
-        access_log=False,
-        timeout_keep_alive=settings.keepalive_s,
-    )
+    run_server(app, uds=socket_path, log_level=settings.log_level, keepalive_s=settings.keepalive_s)
 
 
 def _exit_with_parent() -> None:
