@@ -27,7 +27,7 @@ def test_big_steps_share_the_budget_and_small_ones_pass_them() -> None:
         await asyncio.sleep(0.05)
         assert offload.used_bytes == 3 << 20
         # A small step has its own lane: done while big 1 still runs.
-        assert await offload.run(1000, step, "small", 0.0) == "small"
+        assert await offload.run(100_000, step, "small", 0.0) == "small"
         await asyncio.gather(first, second)
         await asyncio.sleep(0.01)  # the budget comes back on the loop
         assert offload.used_bytes == 0
@@ -51,3 +51,17 @@ def test_the_event_loop_keeps_ticking_while_a_big_step_runs() -> None:
 
     # Blocked, the loop would miss one whole second; it misses far less.
     assert asyncio.run(go()) < 0.5
+
+
+def test_a_tiny_step_runs_on_the_loop_and_a_small_one_on_a_worker() -> None:
+    async def go() -> tuple[str, str, str]:
+        offload = Offload(workers=1, budget_bytes=1 << 20, inline_bytes=8 << 10)
+        name = threading.current_thread
+        tiny = await offload.run(8 << 10, lambda: name().name)
+        small = await offload.run((8 << 10) + 1, lambda: name().name)
+        offload.close()
+        return name().name, tiny, small
+
+    here, tiny, small = asyncio.run(go())
+    assert tiny == here
+    assert small != here and small.startswith("polar-offload-small")

@@ -10,6 +10,10 @@ bounded whatever arrives. Waiting steps go first come, first served.
 Steps of at most ``small_bytes`` (an ordinary agent's call) have a lane of
 their own, outside the budget, so they never queue behind big ones: a few
 4 MB prompts being rendered do not hold up every other session's next call.
+Steps of at most ``inline_bytes`` (a short conversation, a small body) run
+on the loop itself: a hop to a thread and back costs more CPU than they do
+(measured with ``benchmarks/gateway.py --scale``), and they hold the loop for
+well under a millisecond.
 """
 
 from __future__ import annotations
@@ -26,7 +30,14 @@ T = TypeVar("T")
 
 
 class Offload:
-    def __init__(self, *, workers: int, budget_bytes: int, small_bytes: int = 256 << 10) -> None:
+    def __init__(
+        self,
+        *,
+        workers: int,
+        budget_bytes: int,
+        small_bytes: int = 256 << 10,
+        inline_bytes: int = 8 << 10,
+    ) -> None:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="polar-offload"
         )
@@ -34,6 +45,7 @@ class Offload:
             max_workers=workers, thread_name_prefix="polar-offload-small"
         )
         self._small = small_bytes
+        self._inline = inline_bytes
         self._budget = budget_bytes
         self._used = 0
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
@@ -43,12 +55,15 @@ class Offload:
         return self._used
 
     async def run(self, cost: int, fn: Callable[..., T], *args: object) -> T:
-        """``fn(*args)`` on a worker thread, once ``cost`` bytes of budget are free.
+        """``fn(*args)`` on a worker thread, once ``cost`` bytes of budget are free
+        (a step of at most ``inline_bytes``: here, at once).
 
         The budget is given back when the step ends, not when its caller stops
         waiting (a cancelled caller does not stop a running thread).
         """
         cost = max(0, cost)
+        if cost <= self._inline:
+            return fn(*args)
         if cost <= self._small:
             small = self._small_executor.submit(functools.partial(fn, *args))
             return await asyncio.wrap_future(small)
