@@ -77,6 +77,8 @@ class PreparedCall:
     prompt_ids: tuple[int, ...] = ()
     """Known up front when the gateway rendered the prompt (stored before the
     engine is called); else reported by the engine as it answers."""
+    packed_prompt: bytes | None = None
+    """``prompt_ids`` packed, when the gateway has them so already."""
 
 
 class Capture(Protocol):
@@ -264,6 +266,7 @@ class GatewayRendered:
             delivery_flags=flags,
             edits=edits,
             prompt_ids=plan.ids,
+            packed_prompt=plan.packed,
         )
 
     async def _parse(
@@ -413,7 +416,10 @@ def _template(config: GatewayConfig) -> ChatTemplate:
         raise ConfigError(f"render.tokenizer: {exc}") from None
     try:
         return ChatTemplate(
-            tokenizer, template_kwargs=render.template_kwargs, end_of_turn=render.end_of_turn
+            tokenizer,
+            template_kwargs=render.template_kwargs,
+            end_of_turn=render.end_of_turn,
+            segment_cache_bytes=render.segment_cache_bytes,
         )
     except ValueError as exc:
         raise ConfigError(f"render.end_of_turn: {exc}") from None

@@ -131,6 +131,13 @@ class RenderConfig(_Section):
     stop_token_ids: list[int] = Field(
         default_factory=list, description="More token ids that end generation."
     )
+    segment_cache_bytes: int = Field(
+        default=64 << 20,
+        ge=0,
+        description="Token-in/token-out capture: memory for the ids of long stretches of "
+        "rendered prompts (a harness's system prompt, a group's shared task), so each is "
+        "tokenized once (0: tokenize every prompt whole).",
+    )
     engine_output: Literal["gateway_parser", "engine_parser"] = Field(
         default="gateway_parser",
         description="Engine-rendered capture: derive what clients receive from the sampled "

@@ -89,9 +89,11 @@ class _ToolCallParts:
 class Accumulator:
     """Adds up deltas into the ids, logprobs and assistant message of one call."""
 
-    def __init__(self, prompt_ids: tuple[int, ...] = ()) -> None:
+    def __init__(self, prompt_ids: tuple[int, ...] = (), packed: bytes | None = None) -> None:
         self.prompt_ids = prompt_ids
-        self._packed: tuple[tuple[int, ...], bytes] | None = None
+        self._packed: tuple[tuple[int, ...], bytes] | None = (
+            None if packed is None else (prompt_ids, packed)
+        )
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self._text: list[str] = []
@@ -319,7 +321,7 @@ class Relay:
                         prepared=prepared,
                         capture=self.capture,
                         transcript=transcript,
-                        acc=Accumulator(prepared.prompt_ids),
+                        acc=Accumulator(prepared.prompt_ids, prepared.packed_prompt),
                     )
                     try:
                         await self._write(

@@ -5,7 +5,10 @@ own decode does, instead of failing the call."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
+
+import pytest
 
 from polar.proxy.render.tokens import TextStream, TokenText
 
@@ -30,3 +33,46 @@ def test_long_texts_encode_to_the_same_ids_without_holding_the_gil(tokenizer: An
     assert (
         text.encode(long) == tokenizer.backend_tokenizer.encode(long, add_special_tokens=False).ids
     )
+
+
+_PIECES = [
+    "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+    "\n", "\n\n", " ", "  ", "\t", "user\n", "assistant\n", "déjà vu ", "日本語のテキスト",
+    "e\u0301", "\u0301", "'s", "42", "x=1;", "<|im_", "start|>", "<", "|>", "🙂",
+]  # fmt: skip
+
+
+def _prompt(rng: random.Random) -> str:
+    """Added tokens, their fragments, joiners and long stretches (some repeated)."""
+    parts = []
+    for _ in range(rng.randrange(4, 30)):
+        if rng.random() < 0.25:
+            words = rng.choice(["file line ", "def f(x):\n    return x\n", "ünïcödé ", " \n"])
+            parts.append(words * rng.randrange(60, 500))
+        else:
+            parts.append(rng.choice(_PIECES))
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_a_prompt_encoded_in_remembered_stretches_has_the_ids_of_the_whole(
+    tokenizer: Any, seed: int
+) -> None:
+    rng = random.Random(seed)
+    text = TokenText(tokenizer, segment_cache_bytes=rng.choice([1 << 20, 64 << 20]))
+    prompts = [_prompt(rng) for _ in range(4)]
+    for prompt in [*prompts, *prompts, rng.choice(prompts) + rng.choice(prompts)]:
+        assert text.encode_prompt(prompt) == text.encode(prompt), f"seed {seed}"
+
+
+def test_long_stretches_are_tokenized_once_within_their_budget(tokenizer: Any) -> None:
+    text = TokenText(tokenizer, segment_cache_bytes=1 << 20)
+    system = "<|im_start|>system\n" + "You are a coding agent. " * 1000 + "<|im_end|>\n"
+    for task in ("fix the bug", "add a test", "fix the bug"):
+        prompt = system + f"<|im_start|>user\n{task}<|im_end|>\n<|im_start|>assistant\n"
+        assert text.encode_prompt(prompt) == text.encode(prompt)
+    cache = text._segments
+    assert (cache.misses, cache.hits) == (1, 2)  # the system prompt, once
+    assert 0 < cache.used_bytes <= 1 << 20
+    off = TokenText(tokenizer, segment_cache_bytes=0)
+    assert off.encode_prompt(system) == text.encode(system) and off._segments.used_bytes == 0

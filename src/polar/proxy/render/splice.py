@@ -32,7 +32,7 @@ from polar.ir import (
     TextPart,
     ToolSpec,
 )
-from polar.ir.tokenids import TokenRun, common_prefix, pack
+from polar.ir.tokenids import TokenRun, common_prefix, pack, unpack
 from polar.proxy.render.template import ChatTemplate
 
 
@@ -262,6 +262,8 @@ class PromptPlan:
     tail_text: str
     """The text rendered for this call (all of it, or what follows the spliced
     turn); its end is the generation prompt."""
+    packed: bytes
+    """``ids`` packed (the record store's and the transcript's form)."""
 
 
 def plan_prompt(
@@ -275,16 +277,23 @@ def plan_prompt(
     base = extended_call(messages, transcript)
     if base is None:
         ids, text = template.render(messages, tools, kwargs=kwargs)
+        packed = pack(ids)
         return PromptPlan(
-            ids=tuple(ids), lineage=lineage_of(ids, messages, transcript), tail_text=text
+            ids=tuple(ids),
+            lineage=lineage_of(packed, messages, transcript),
+            tail_text=text,
+            packed=packed,
         )
     glue: tuple[int, ...] = ()
     if len(base.full) == len(base.prompt) or base.full.last() != template.end_of_turn_id:
         # The turn was cut short (length limit): close it as the template would.
         glue = (template.end_of_turn_id,)
     tail, text = template.continuation(messages, tools, len(base.messages), kwargs=kwargs)
+    head = base.full.packed()
+    new = glue + tuple(tail)
     return PromptPlan(
-        ids=base.full.ids() + glue + tuple(tail),
+        ids=unpack(head) + new,
+        packed=head + pack(new),
         lineage=PromptLineage(
             origin=PromptOrigin.EXTENDS,
             base_seq=base.seq,

@@ -113,9 +113,11 @@ class ChatTemplate:
         *,
         template_kwargs: JsonObject | None = None,
         end_of_turn: str | None = None,
+        segment_cache_bytes: int = 64 << 20,
     ) -> None:
+        """``segment_cache_bytes``: see :meth:`TokenText.encode_prompt`."""
         self.tokenizer = tokenizer
-        self.text = TokenText(tokenizer)
+        self.text = TokenText(tokenizer, segment_cache_bytes=segment_cache_bytes)
         self.kwargs = dict(template_kwargs or {})
         eot = end_of_turn or tokenizer.eos_token
         if not eot:
@@ -154,7 +156,7 @@ class ChatTemplate:
         text = self.render_text(
             [template_message(m) for m in messages], template_tools(tools), kwargs=kwargs
         )
-        return self.text.encode(text), text
+        return self.text.encode_prompt(text), text
 
     def continuation(
         self,

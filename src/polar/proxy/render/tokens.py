@@ -10,8 +10,13 @@ sequence at once. Other tokenizers fall back to decoding the growing prefix.
 from __future__ import annotations
 
 import codecs
+import re
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
+
+from polar.ir.tokenids import pack, unpack
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -34,12 +39,36 @@ def _byte_decoder() -> dict[str, int]:
 # Texts longer than this are encoded without holding the GIL.
 _GIL_FREE_CHARS = 32 << 10
 
+# Stretches between added tokens at least this long are remembered by encode_prompt().
+SEGMENT_CHARS = 4 << 10
+
+
+def _verbatim_added_tokens(tokenizer: Any) -> list[str]:
+    """The added tokens a fast tokenizer matches verbatim and never merges with
+    their surroundings (not stripping whitespace, not normalised, not
+    single-word), longest first. The tokenizer cuts a text at each of them
+    before anything else, so the pieces between such cuts are tokenized on
+    their own: encoding them one by one gives the ids of the whole."""
+    if getattr(tokenizer, "backend_tokenizer", None) is None:
+        return []
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    verbatim = {
+        t.content
+        for t in added.values()
+        if t.content and not (t.lstrip or t.rstrip or t.single_word or t.normalized)
+    }
+    return sorted(verbatim, key=len, reverse=True)
+
 
 class TokenText:
     """Bytes and text of token ids for one tokenizer."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, *, segment_cache_bytes: int = 64 << 20) -> None:
+        """``segment_cache_bytes``: what :meth:`encode_prompt` may keep (0: nothing)."""
         self.tokenizer = tokenizer
+        verbatim = _verbatim_added_tokens(tokenizer) if segment_cache_bytes > 0 else []
+        self._cuts = re.compile("|".join(map(re.escape, verbatim))) if verbatim else None
+        self._segments = SegmentCache(segment_cache_bytes)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         decoder = backend.decoder.__class__.__name__ if backend is not None else ""
         self.byte_level = decoder == "ByteLevel"
@@ -54,6 +83,17 @@ class TokenText:
                     self._bytes[index] = added[index].encode("utf-8")
                 else:
                     self._bytes[index] = bytes(table[c] for c in token)
+        if verbatim and not self._cuts_hold(verbatim):
+            self._cuts = None
+
+    def _cuts_hold(self, verbatim: list[str]) -> bool:
+        """Whether this tokenizer cuts at each of ``verbatim`` as assumed (one
+        that splits special tokens as text, say, does not)."""
+        before, after = "end of a line.\n ", " start of the next"
+        return all(
+            self.encode(before + token + after) == self.encode(before) + self.encode(token + after)
+            for token in verbatim
+        )
 
     def bytes_of(self, token_id: int) -> bytes:
         """A token's bytes; none for ids past the vocabulary (a model's padded
@@ -79,8 +119,85 @@ class TokenText:
             return list(backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """:meth:`encode`, remembering long stretches of text between added tokens.
+
+        A rendered prompt is cut where added tokens (``<|im_start|>``, say)
+        begin; a stretch of at least :data:`SEGMENT_CHARS` (a long system prompt,
+        a task, a big file read back) is looked up in a byte-bounded cache,
+        and only the rest is tokenized. The sessions of a GRPO group start from
+        one prompt, and every session of a harness resends its long system
+        prompt: those are tokenized once. The ids are those of :meth:`encode`
+        on the whole text (the tokenizer itself cuts there first; a property
+        test compares the two).
+        """
+        if self._cuts is None or len(text) < SEGMENT_CHARS:
+            return self.encode(text)
+        ids: list[int] = []
+        pending = 0  # text[pending:start] is not encoded yet
+        start = 0
+        for cut in (*(m.start() for m in self._cuts.finditer(text)), len(text)):
+            if cut - start >= SEGMENT_CHARS:
+                if pending < start:
+                    ids.extend(self.encode(text[pending:start]))
+                ids.extend(self._segment(text[start:cut]))
+                pending = cut
+            start = cut
+        if pending < len(text):
+            ids.extend(self.encode(text[pending:]))
+        return ids
+
+    def _segment(self, text: str) -> tuple[int, ...]:
+        packed = self._segments.get(text)
+        if packed is None:
+            ids = self.encode(text)
+            self._segments.put(text, pack(ids))
+            return tuple(ids)
+        return unpack(packed)
+
     def stream(self) -> TextStream:
         return TextStream(self)
+
+
+class SegmentCache:
+    """Packed ids of texts, least recently used dropped first once the texts
+    (a character counted as a byte: a lower bound) and ids exceed ``budget``.
+    Shared by the render workers, so locked."""
+
+    def __init__(self, budget: int) -> None:
+        self._budget = budget
+        self._used = 0
+        self._entries: OrderedDict[str, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, text: str) -> bytes | None:
+        with self._lock:
+            packed = self._entries.get(text)
+            if packed is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(text)
+            self.hits += 1
+            return packed
+
+    def put(self, text: str, packed: bytes) -> None:
+        cost = len(text) + len(packed)
+        if cost > self._budget:
+            return
+        with self._lock:
+            if text in self._entries:
+                return
+            self._entries[text] = packed
+            self._used += cost
+            while self._used > self._budget:
+                old, ids = self._entries.popitem(last=False)
+                self._used -= len(old) + len(ids)
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
 
 
 class TextStream:
