@@ -467,6 +467,12 @@ def main() -> None:
     )
     parser.add_argument("--parts", default="cpu,memory", help="--scale: what to measure")
     parser.add_argument(
+        "--batches",
+        type=int,
+        default=5,
+        help="--scale: CPU batches per figure, alternating between the gateways (median)",
+    )
+    parser.add_argument(
         "--gateway-config", type=Path, help="--scale: YAML config for this tree's gateway"
     )
     parser.add_argument(
@@ -498,6 +504,7 @@ def main() -> None:
             args.captures.split(","),
             args.parts.split(","),
             args.gateway_config,
+            args.batches,
         )
         return
     levels = [int(x) for x in args.levels.split(",")]

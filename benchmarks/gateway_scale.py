@@ -1,6 +1,6 @@
 """The gateway at RL scale: memory per session and CPU per call, side by side.
 
-    .venv/bin/python benchmarks/gateway.py --scale [--baseline DIR] [--rounds 10]
+    .venv/bin/python benchmarks/gateway.py --scale [--baseline DIR] [--batches 5]
 
 Run by ``benchmarks/gateway.py --scale`` (which holds the fake engine and the
 client). Gateways run as ``polar gateway`` processes against the fake engine
@@ -15,8 +15,10 @@ every figure is printed for both, measured alternately in one run.
   on the machine does not count. Small calls: 64 sessions, 8 fresh
   two-message calls each. Agent-sized: 8 sessions of 24 turns whose prompts
   grow from about 36k to 37k tokens. Each capture mode, streamed and not.
+  Each figure is the median of ``--batches`` batches, the gateways taking
+  turns batch by batch.
 * Memory (``VmRSS``): 16 agent-sized sessions run to their end and stay open
-  (RSS per active session), then are closed; ``--rounds`` rounds, RSS after
+  (RSS per active session), then are closed; ``--memory-rounds`` rounds, RSS after
   each round against the RSS before the first.
 """
 
@@ -27,6 +29,7 @@ import contextlib
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -262,9 +265,13 @@ def main(
     modes: list[str],
     parts: list[str],
     config: Path | None = None,
+    batches: int = 5,
 ) -> None:
     """``config``: a YAML gateway config for this tree's gateway (e.g.
-    ``gc_young_threshold: 700`` to see what the collector's tuning buys)."""
+    ``gc_young_threshold: 700`` to see what the collector's tuning buys).
+    ``batches``: CPU batches per figure; the gateways take turns batch by
+    batch and each figure is the median of its batches (a batch of small
+    calls lasts well under a second, so one alone carries the machine's noise)."""
     engine_port = _free_port()
     engine = subprocess.Popen(
         [sys.executable, str(ROOT / "benchmarks/gateway.py"), "--serve-engine", str(engine_port)]
@@ -278,8 +285,8 @@ def main(
         _wait(engine_port, "/")
         print(
             f"cores={os.cpu_count()}; gateway CPU-seconds per 1,000 calls (its own user+system "
-            f"time); small: 64 sessions x 8 calls; agent: 8 sessions x {AGENT_TURNS} turns, "
-            f"prompts ~36-37k tokens"
+            f"time), median of {batches} batches taken in turns; small: 64 sessions x 8 calls; "
+            f"agent: 8 sessions x {AGENT_TURNS} turns, prompts ~36-37k tokens"
         )
         for capture in modes:
             with contextlib.ExitStack() as stack:
@@ -298,10 +305,12 @@ def main(
                 ]
                 for size in ("small", "agent") if "cpu" in parts else ():
                     for stream in (False, True):
-                        figures = [
-                            _cpu_per_1000(g, size, stream, system, seed=10_000 * k)
-                            for k, g in enumerate(gateways)
-                        ]
+                        runs: list[list[float]] = [[] for _ in gateways]
+                        for b in range(batches):
+                            for k, g in enumerate(gateways):
+                                seed = 10_000 * k + 100 * b
+                                runs[k].append(_cpu_per_1000(g, size, stream, system, seed))
+                        figures = [statistics.median(r) for r in runs]
                         row = "  ".join(
                             f"{g.name} {f:7.2f}" for g, f in zip(gateways, figures, strict=True)
                         )
