@@ -14,6 +14,7 @@ from polar.proxy.app import create_app
 from polar.proxy.capture import build_capture
 from polar.proxy.config import GatewayConfig, RenderConfig
 from polar.proxy.gateway import Gateway
+from polar.proxy.httpwire import GatewayHttpProtocol
 from polar.proxy.render.template import ChatTemplate
 from polar.proxy.store import SqliteStore
 from polar.testing.scripted import Script, ScriptedEngine, SessionScripts
@@ -81,7 +82,8 @@ class Stack:
     def start_gateway(self) -> None:
         capture = build_capture(self.config, template=self._template)
         self.gateway = Gateway(self.config, capture=capture)
-        self.server = ServerThread(create_app(self.gateway)).start()
+        # The gateway's own HTTP server, as `polar gateway` runs it.
+        self.server = ServerThread(create_app(self.gateway), http=GatewayHttpProtocol).start()
         self.url = self.server.url
 
     def stop_gateway(self) -> None:

@@ -315,16 +315,14 @@ class GatewayRendered:
     def _delta(self, event: Delta, piece: Piece) -> Delta:
         details = None
         if event.details is not None:
-            text = self.template.text
+            piece_of = self.template.text.piece
+            n = len(event.token_ids)
+            tops = [d.top for d in event.details[:n]]
+            tops += [()] * (n - len(tops))
             details = tuple(
-                TokenLogprob(
-                    token=text.decode([token_id]),
-                    logprob=logprob,
-                    bytes=tuple(text.bytes_of(token_id)),
-                    top=(event.details[i].top if i < len(event.details) else ()),
-                )
-                for i, (token_id, logprob) in enumerate(
-                    zip(event.token_ids, event.logprobs, strict=True)
+                TokenLogprob(token=token, logprob=logprob, bytes=tuple(data), top=top)
+                for (token, data), logprob, top in zip(
+                    map(piece_of, event.token_ids), event.logprobs, tops, strict=True
                 )
             )
         return Delta(

@@ -6,12 +6,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar.ir import Delta, Finish, FinishReason, PromptTokens
+from polar.proxy.engines.openai_compat import logprob_details
 from polar.proxy.engines.transport import SSEDecoder
 from polar.proxy.engines.vllm import StreamReader, parse_reply
+from polar.proxy.engines.vllm_tokens import _choice_delta
+from polar.proxy.errors import EngineProtocolError
 from polar.proxy.relay import Accumulator
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm"
@@ -98,3 +102,56 @@ def test_sse_decoder_handles_crlf_comments_and_event_names() -> None:
     raw = b': keep-alive\r\nevent: message_start\r\ndata: {"a":\r\ndata: 1}\r\n\r\ndata: x'
     events = _events(raw, [5, 17])
     assert [(e.event, e.data) for e in events] == [("message_start", b'{"a":\n1}'), (None, b"x")]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [[256], [-1], [True], ["a"], [1.0], [0, 300]],
+    ids=["too big", "negative", "bool", "string", "float", "one of two"],
+)
+def test_token_bytes_that_are_not_bytes_are_refused(bad: list[Any]) -> None:
+    entry = {"token": "x", "logprob": -0.5, "bytes": bad, "top_logprobs": []}
+    with pytest.raises(EngineProtocolError, match="not bytes"):
+        logprob_details([entry])
+    ok = logprob_details([{**entry, "bytes": [0, 120, 255]}, {**entry, "bytes": []}])
+    assert [d.bytes for d in ok] == [(0, 120, 255), ()]
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "what"),
+    [
+        ({"token_logprobs": [-0.5, True], "tokens": ["a", "b"]}, "a logprob"),
+        ({"token_logprobs": [-0.5, "x"], "tokens": ["a", "b"]}, "a logprob"),
+        ({"token_logprobs": [-0.5, -1.0], "tokens": ["a", 7]}, "a logprobs token"),
+        (
+            {"token_logprobs": [-0.5, -1.0], "tokens": ["a", "b"], "top_logprobs": [{}, []]},
+            "a top logprobs entry",
+        ),
+        (
+            {"token_logprobs": [-0.5, -1.0], "tokens": ["a", "b"], "top_logprobs": [{"a": None}]},
+            "a top logprob",
+        ),
+    ],
+)
+def test_a_token_engines_bad_logprobs_are_refused(logprobs: dict[str, Any], what: str) -> None:
+    choice = {"token_ids": [5, 6], "logprobs": logprobs}
+    with pytest.raises(EngineProtocolError, match=what):
+        _choice_delta(choice, details=True)
+
+
+def test_a_token_engines_logprobs_are_read_with_their_top_entries() -> None:
+    choice = {
+        "token_ids": [5, 6],
+        "logprobs": {
+            "token_logprobs": [-0.5, -1],
+            "tokens": ["a", None],
+            "top_logprobs": [{"a": -0.5, "b": -2}, None],
+        },
+    }
+    delta = _choice_delta(choice, details=True)
+    assert delta.logprobs == (-0.5, -1.0) and type(delta.logprobs[1]) is float
+    assert delta.details is not None
+    assert [(d.token, d.logprob, [(t.token, t.logprob) for t in d.top]) for d in delta.details] == [
+        ("a", -0.5, [("a", -0.5), ("b", -2.0)]),
+        ("", -1.0, []),
+    ]

@@ -181,7 +181,7 @@ def _bytes(value: Any) -> tuple[int, ...] | None:
     if value is None:
         return None
     values = array(value, "token bytes")
-    if not all(type(b) is int and 0 <= b < 256 for b in values):
+    if values and not ({*map(type, values)} <= {int} and 0 <= min(values) <= max(values) < 256):
         raise EngineProtocolError("engine sent token bytes that are not bytes")
     return tuple(values)
 

@@ -89,6 +89,14 @@ def number(value: Any, what: str) -> float:
     return float(value)
 
 
+def numbers(values: list[Any], what: str) -> tuple[float, ...]:
+    """:func:`number` of each value, checked in one pass in C."""
+    if not {*map(type, values)} <= {int, float}:
+        for value in values:
+            number(value, what)
+    return tuple(map(float, values))
+
+
 def count(value: Any, what: str) -> int:
     if type(value) is not int or value < 0:
         raise EngineProtocolError(f"engine sent {what} that is not a count: {brief(value)}")

@@ -22,6 +22,7 @@ from polar.proxy.engines.replies import (
     guarded,
     json_reply,
     number,
+    numbers,
     obj,
     optional_array,
     optional_obj,
@@ -56,10 +57,7 @@ def completion_body(request: TokenRequest, *, model: str) -> dict[str, Any]:
 def _choice_delta(choice: dict[str, Any], *, details: bool) -> Delta:
     ids = token_ids(choice.get("token_ids"), "token_ids")
     logprobs = optional_obj(choice.get("logprobs"), "logprobs")
-    values = tuple(
-        number(x, "a logprob")
-        for x in optional_array(logprobs.get("token_logprobs"), "token_logprobs")
-    )
+    values = numbers(optional_array(logprobs.get("token_logprobs"), "token_logprobs"), "a logprob")
     if len(values) != len(ids):
         raise EngineProtocolError(
             f"engine sent {len(ids)} token ids but {len(values)} logprobs on {COMPLETIONS_PATH}"
@@ -67,19 +65,22 @@ def _choice_delta(choice: dict[str, Any], *, details: bool) -> Delta:
     detail = None
     if details:
         tokens = optional_array(logprobs.get("tokens"), "logprobs.tokens") or [""] * len(ids)
+        if not {*map(type, tokens)} <= {str, type(None)}:
+            for token in tokens:
+                text(token, "a logprobs token")
         tops = optional_array(logprobs.get("top_logprobs"), "top_logprobs") or [None] * len(ids)
         detail = tuple(
-            TokenLogprob(
-                token=text(token, "a logprobs token"),
-                logprob=value,
-                top=tuple(
-                    TopLogprob(token=str(k), logprob=number(v, "a top logprob"))
-                    for k, v in optional_obj(top, "a top logprobs entry").items()
-                ),
-            )
+            TokenLogprob(token=token or "", logprob=value, top=() if top is None else _top(top))
             for token, value, top in zip(tokens, values, tops, strict=False)
         )
     return Delta(token_ids=ids, logprobs=values, details=detail)
+
+
+def _top(entry: Any) -> tuple[TopLogprob, ...]:
+    return tuple(
+        TopLogprob(token=str(k), logprob=number(v, "a top logprob"))
+        for k, v in obj(entry, "a top logprobs entry").items()
+    )
 
 
 def _first_choice(reply: Any) -> dict[str, Any]:

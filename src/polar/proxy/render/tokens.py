@@ -103,6 +103,13 @@ class TokenText:
             return self._bytes[token_id] if 0 <= token_id < len(self._bytes) else b""
         return str(self.tokenizer.decode([token_id], skip_special_tokens=False)).encode("utf-8")
 
+    def piece(self, token_id: int) -> tuple[str, bytes]:
+        """One token's text (as :meth:`decode` of it alone gives) and bytes."""
+        data = self.bytes_of(token_id)
+        if self.byte_level:
+            return data.decode("utf-8", "replace"), data
+        return self.decode([token_id]), data
+
     def decode(self, ids: Sequence[int]) -> str:
         if self.byte_level:
             return b"".join(self.bytes_of(i) for i in ids).decode("utf-8", "replace")
