@@ -76,3 +76,11 @@ def test_long_stretches_are_tokenized_once_within_their_budget(tokenizer: Any) -
     assert 0 < cache.used_bytes <= 1 << 20
     off = TokenText(tokenizer, segment_cache_bytes=0)
     assert off.encode_prompt(system) == text.encode(system) and off._segments.used_bytes == 0
+
+
+def test_ids_join_to_the_bytes_of_each(tokenizer: Any) -> None:
+    text = TokenText(tokenizer)
+    ids = [*text.encode("déjà vu 🙂 <|im_end|>"), len(tokenizer) + 5]
+    assert text.bytes_of_ids(ids) == b"".join(text.bytes_of(i) for i in ids)
+    assert text.bytes_of_ids(ids[:-1]) == "déjà vu 🙂 <|im_end|>".encode()
+    assert text.bytes_of_ids([]) == b""

@@ -155,26 +155,39 @@ def chat_body(
 
 def logprob_details(entries: Any) -> tuple[TokenLogprob, ...]:
     """OpenAI ``logprobs.content`` entries to IR."""
-    out = []
-    for entry in array(entries, "logprobs.content"):
-        entry = obj(entry, "a logprobs entry")
-        top = optional_array(entry.get("top_logprobs"), "top_logprobs")
-        out.append(
-            TokenLogprob(
-                token=text(entry.get("token"), "a logprobs token"),
-                logprob=number(entry.get("logprob"), "a logprob"),
-                bytes=_bytes(entry.get("bytes")),
-                top=tuple(
-                    TopLogprob(
-                        token=text(t.get("token"), "a top logprob token"),
-                        logprob=number(t.get("logprob"), "a top logprob"),
-                        bytes=_bytes(t.get("bytes")),
-                    )
-                    for t in (obj(t, "a top logprob") for t in top)
-                ),
-            )
-        )
-    return tuple(out)
+    return tuple(_detail(entry) for entry in array(entries, "logprobs.content"))
+
+
+def _detail(entry: Any) -> TokenLogprob:
+    # Every check inline and cheap on the usual shapes; the helpers name what is wrong.
+    if type(entry) is not dict:
+        obj(entry, "a logprobs entry")
+    token, value, raw = entry.get("token"), entry.get("logprob"), entry.get("bytes")
+    if type(token) is not str:
+        token = text(token, "a logprobs token")
+    if type(value) is not float:
+        value = number(value, "a logprob")
+    top = entry.get("top_logprobs")
+    return TokenLogprob(
+        token=token,
+        logprob=value,
+        bytes=None if raw is None else _bytes(raw),
+        top=tuple(map(_top, array(top, "top_logprobs"))) if top else _no_top(top),
+    )
+
+
+def _no_top(top: Any) -> tuple[TopLogprob, ...]:
+    optional_array(top, "top_logprobs")  # None or [], nothing else
+    return ()
+
+
+def _top(entry: Any) -> TopLogprob:
+    entry = obj(entry, "a top logprob")
+    return TopLogprob(
+        token=text(entry.get("token"), "a top logprob token"),
+        logprob=number(entry.get("logprob"), "a top logprob"),
+        bytes=_bytes(entry.get("bytes")),
+    )
 
 
 def _bytes(value: Any) -> tuple[int, ...] | None:

@@ -105,15 +105,20 @@ def _ids_and_logprobs(
     ids = token_ids(choice.get("token_ids"), "token_ids")
     logprobs = optional_obj(choice.get("logprobs"), "logprobs")
     content = optional_array(logprobs.get("content"), "logprobs.content")
-    values = tuple(
-        number(obj(entry, "a logprobs entry").get("logprob"), "a logprob") for entry in content
+    detail = logprob_details(content) if details else None
+    values = (
+        tuple(d.logprob for d in detail)
+        if detail is not None
+        else tuple(
+            number(obj(entry, "a logprobs entry").get("logprob"), "a logprob") for entry in content
+        )
     )
     if len(values) != len(ids):
         raise EngineProtocolError(
             f"engine sent {len(ids)} token ids but {len(values)} logprobs; "
             "is it vLLM >= 0.10 with return_token_ids support?"
         )
-    return ids, (logprob_details(content) if details else None), values
+    return ids, detail, values
 
 
 def parse_reply(reply: Any, *, details: bool = True) -> list[EngineEvent]:

@@ -103,6 +103,13 @@ class TokenText:
             return self._bytes[token_id] if 0 <= token_id < len(self._bytes) else b""
         return str(self.tokenizer.decode([token_id], skip_special_tokens=False)).encode("utf-8")
 
+    def bytes_of_ids(self, ids: Sequence[int]) -> bytes:
+        """The bytes of byte-level ids, joined (:meth:`bytes_of` of each)."""
+        table = self._bytes
+        if ids and min(ids) >= 0 and max(ids) < len(table):
+            return b"".join([table[i] for i in ids])
+        return b"".join([self.bytes_of(i) for i in ids])
+
     def piece(self, token_id: int) -> tuple[str, bytes]:
         """One token's text (as :meth:`decode` of it alone gives) and bytes."""
         data = self.bytes_of(token_id)
@@ -112,7 +119,7 @@ class TokenText:
 
     def decode(self, ids: Sequence[int]) -> str:
         if self.byte_level:
-            return b"".join(self.bytes_of(i) for i in ids).decode("utf-8", "replace")
+            return self.bytes_of_ids(ids).decode("utf-8", "replace")
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
     def encode(self, text: str) -> list[int]:
@@ -218,7 +225,7 @@ class TextStream:
 
     def feed(self, ids: Sequence[int]) -> str:
         if self._text.byte_level:
-            return self._utf8.decode(b"".join(self._text.bytes_of(i) for i in ids))
+            return self._utf8.decode(self._text.bytes_of_ids(ids))
         self._ids.extend(ids)
         whole = self._text.decode(self._ids)
         if whole.endswith("\ufffd"):
