@@ -467,6 +467,12 @@ def main() -> None:
     )
     parser.add_argument("--parts", default="cpu,memory", help="--scale: what to measure")
     parser.add_argument(
+        "--litellm",
+        type=Path,
+        help="--scale: LiteLLM's litellm executable to measure beside engine-rendered capture "
+        "(default: .cache/venv-litellm, from scripts/setup --litellm, or litellm on PATH)",
+    )
+    parser.add_argument(
         "--batches",
         type=int,
         default=5,
@@ -505,6 +511,7 @@ def main() -> None:
             args.parts.split(","),
             args.gateway_config,
             args.batches,
+            args.litellm,
         )
         return
     levels = [int(x) for x in args.levels.split(",")]

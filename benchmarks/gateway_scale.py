@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -76,6 +77,65 @@ class Gateway:
         )
         with urllib.request.urlopen(request):
             pass
+
+
+LITELLM_KEY = "sk-polar-bench-" + "0" * 48
+
+
+class LiteLLM(Gateway):
+    """LiteLLM's proxy in front of the same engine: it has no sessions, so every
+    call carries its master key and there is nothing to close."""
+
+    def session(self) -> tuple[str, str]:
+        return "-", LITELLM_KEY
+
+    def close(self, session_id: str) -> None:
+        pass
+
+
+LITELLM_VENV = ROOT / ".cache/venv-litellm/bin/litellm"
+
+
+def litellm_binary(explicit: Path | None) -> Path | None:
+    """``--litellm``, else ``.cache/venv-litellm`` (``scripts/setup --litellm``), else PATH."""
+    if explicit is not None:
+        return explicit
+    if LITELLM_VENV.exists():
+        return LITELLM_VENV
+    found = shutil.which("litellm")
+    return Path(found) if found else None
+
+
+@contextlib.contextmanager
+def _litellm(binary: Path, engine_port: int, workdir: Path) -> Iterator[Gateway]:
+    port = _free_port()
+    config = workdir / "litellm.yaml"
+    config.write_text(
+        "model_list:\n"
+        "  - model_name: m\n"
+        "    litellm_params:\n"
+        "      model: openai/m\n"
+        f"      api_base: http://127.0.0.1:{engine_port}/v1\n"
+        "      api_key: none\n"
+    )
+    env = {
+        **os.environ,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch from the internet at start
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_MASTER_KEY": LITELLM_KEY,
+    }
+    process = subprocess.Popen(
+        [str(binary), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+         "--num_workers", "1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait(port, "/health/liveliness", timeout=300)
+        yield LiteLLM("litellm", port, process)
+    finally:
+        process.terminate()
+        process.wait(30)
 
 
 @contextlib.contextmanager
@@ -266,12 +326,17 @@ def main(
     parts: list[str],
     config: Path | None = None,
     batches: int = 5,
+    litellm: Path | None = None,
 ) -> None:
     """``config``: a YAML gateway config for this tree's gateway (e.g.
     ``gc_young_threshold: 700`` to see what the collector's tuning buys).
     ``batches``: CPU batches per figure; the gateways take turns batch by
     batch and each figure is the median of its batches (a batch of small
-    calls lasts well under a second, so one alone carries the machine's noise)."""
+    calls lasts well under a second, so one alone carries the machine's noise).
+    ``litellm``: LiteLLM's ``litellm`` executable (found by :func:`litellm_binary`
+    when not given): its CPU per call is measured beside engine-rendered capture,
+    the one it is comparable with (it relays chat calls and records nothing)."""
+    litellm = litellm_binary(litellm)
     engine_port = _free_port()
     engine = subprocess.Popen(
         [sys.executable, str(ROOT / "benchmarks/gateway.py"), "--serve-engine", str(engine_port)]
@@ -303,6 +368,8 @@ def main(
                     )
                     for name, source in variants
                 ]
+                if capture == "engine_rendered" and litellm is not None and "cpu" in parts:
+                    gateways.append(stack.enter_context(_litellm(litellm, engine_port, workdir)))
                 for size in ("small", "agent") if "cpu" in parts else ():
                     for stream in (False, True):
                         runs: list[list[float]] = [[] for _ in gateways]
@@ -314,8 +381,11 @@ def main(
                         row = "  ".join(
                             f"{g.name} {f:7.2f}" for g, f in zip(gateways, figures, strict=True)
                         )
-                        ratio = (
-                            f"  ({figures[0] / figures[1]:.2f}x less)" if len(figures) == 2 else ""
+                        this = figures[[g.name for g in gateways].index("this")]
+                        ratio = "".join(
+                            f"  ({g.name}/this {f / this:.2f}x)"
+                            for g, f in zip(gateways, figures, strict=True)
+                            if g.name != "this"
                         )
                         print(
                             f"{capture:<19} {size:<6} {'stream' if stream else 'whole':<7} "
@@ -323,6 +393,8 @@ def main(
                             flush=True,
                         )
                 for g in gateways if "memory" in parts else ():
+                    if isinstance(g, LiteLLM):
+                        continue
                     n = baseline_rounds if g.name == "baseline" else rounds
                     if n < 0:
                         continue
