@@ -172,13 +172,8 @@ def _detail(entry: Any) -> TokenLogprob:
         token=token,
         logprob=value,
         bytes=None if raw is None else _bytes(raw),
-        top=tuple(map(_top, array(top, "top_logprobs"))) if top else _no_top(top),
+        top=tuple(map(_top, optional_array(top, "top_logprobs"))),
     )
-
-
-def _no_top(top: Any) -> tuple[TopLogprob, ...]:
-    optional_array(top, "top_logprobs")  # None or [], nothing else
-    return ()
 
 
 def _top(entry: Any) -> TopLogprob:

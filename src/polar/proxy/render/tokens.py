@@ -63,8 +63,9 @@ def _verbatim_added_tokens(tokenizer: Any) -> list[str]:
 class TokenText:
     """Bytes and text of token ids for one tokenizer."""
 
-    def __init__(self, tokenizer: Any, *, segment_cache_bytes: int = 64 << 20) -> None:
-        """``segment_cache_bytes``: what :meth:`encode_prompt` may keep (0: nothing)."""
+    def __init__(self, tokenizer: Any, *, segment_cache_bytes: int = 0) -> None:
+        """``segment_cache_bytes``: what :meth:`encode_prompt` may keep (0: nothing;
+        :class:`~polar.proxy.render.template.ChatTemplate` gives its own)."""
         self.tokenizer = tokenizer
         verbatim = _verbatim_added_tokens(tokenizer) if segment_cache_bytes > 0 else []
         self._cuts = re.compile("|".join(map(re.escape, verbatim))) if verbatim else None
