@@ -175,3 +175,82 @@ def test_an_engine_gone_silent_mid_stream_fails_after_the_idle_timeout(make_stac
         assert "went silent" in assert_dialect_error(Dialect.OPENAI_CHAT, reply, 504)
     (record,) = stack.records(sid)
     assert record.error is not None and record.error.kind is ErrorKind.ENGINE_TIMEOUT
+
+
+def _vllm_chat_stream(tokenizer: Any, words: list[str], *, fail_after: int | None = None) -> bytes:
+    """vLLM's chat stream for ``words`` (one sampled id each), every chunk in one
+    write: what an engine under load sends when the gateway reads late."""
+    head = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    chunks: list[dict[str, Any]] = [
+        {
+            **head,
+            "prompt_token_ids": [1, 2, 3],
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+        }
+    ]
+    for i, word in enumerate(words):
+        if i == fail_after:
+            chunks.append({"error": {"message": "engine fell over mid-burst"}})
+            break
+        (token,) = tokenizer.encode(word, add_special_tokens=False)
+        last = i == len(words) - 1
+        chunks.append(
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": word},
+                        "logprobs": {"content": [{"token": word, "logprob": -0.25 - i}]},
+                        "token_ids": [token],
+                        "finish_reason": "stop" if last else None,
+                    }
+                ],
+            }
+        )
+    data = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
+    return data + (b"data: [DONE]\n\n" if fail_after is None else b"")
+
+
+def _streamed(client: httpx.Client) -> list[dict[str, Any]]:
+    body = request_body(Dialect.OPENAI_CHAT, stream=True)
+    with client.stream("POST", PATHS[Dialect.OPENAI_CHAT], json=body) as reply:
+        assert reply.status_code == 200, reply.read()
+        return [orjson.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
+
+
+def test_steps_an_engine_sent_together_reach_the_client_together_and_the_record_whole(
+    make_stack: Any, faulty: FaultyEngine, tokenizer: Any
+) -> None:
+    """Eight steps in one network read are one delta through the gateway: one
+    content chunk for the client (nothing waited for), every id and logprob on
+    the record; a failure later in the same read keeps the steps before it."""
+    words = ["one", " two", " three", " four", " five", " six", " seven", " eight"]
+    ids = [tokenizer.encode(w, add_special_tokens=False)[0] for w in words]
+    stack = make_stack({"turns": [{"text": "never"}]}, engine_url=faulty.url)
+    sid, key = stack.new_session()
+    sse = "text/event-stream"
+    with httpx.Client(base_url=stack.url, headers=client_headers(key), timeout=30) as client:
+        faulty.reply = Reply(body=_vllm_chat_stream(tokenizer, words), content_type=sse)
+        chunks = _streamed(client)
+        faulty.reply = Reply(
+            body=_vllm_chat_stream(tokenizer, words, fail_after=3), content_type=sse
+        )
+        failed = _streamed(client)
+    texts = [
+        c["choices"][0]["delta"]["content"]
+        for c in chunks
+        if c["choices"] and c["choices"][0]["delta"].get("content")
+    ]
+    assert texts == ["".join(words)]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    failed_texts = [c["choices"][0]["delta"].get("content") for c in failed if c.get("choices")]
+    assert "".join(t for t in failed_texts if t) == "one two three"
+    assert "mid-burst" in failed[-1]["error"]["message"]
+    done, broken = stack.records(sid)
+    assert done.status is RecordStatus.COMPLETED
+    assert done.output_ids == tuple(ids)
+    assert done.output_logprobs == tuple(-0.25 - i for i in range(8))
+    assert broken.status is RecordStatus.FAILED
+    assert broken.error is not None and broken.error.kind is ErrorKind.ENGINE_PROTOCOL
+    assert broken.output_ids == tuple(ids[:3]), "the steps before the failure are kept"

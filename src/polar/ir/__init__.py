@@ -15,6 +15,7 @@ from polar.ir.completion import (
     ToolCallDelta,
     TopLogprob,
     Usage,
+    joined,
 )
 from polar.ir.messages import (
     ChatRequest,
@@ -88,4 +89,5 @@ __all__ = [
     "ToolSpec",
     "TopLogprob",
     "Usage",
+    "joined",
 ]

@@ -85,7 +85,9 @@ def test_non_streaming_text_reply_and_record(make_stack: Any, tokenizer: Any) ->
 
 
 def test_streaming_text_arrives_in_pieces_with_usage_and_done(make_stack: Any) -> None:
-    stack = make_stack({"turns": [{"text": "One two three four five."}]})
+    # The engine sends each token on its own (steps sent together are passed on
+    # together: tests/proxy/test_engine_faults.py).
+    stack = make_stack({"turns": [{"text": "One two three four five."}]}, token_delay_s=0.02)
     sid, key = stack.new_session()
     with (
         stack.client(key) as client,
@@ -166,7 +168,7 @@ def test_tool_call_reaches_client_and_ids_decode_to_what_it_received(
 
 
 def test_streamed_tool_call_arguments_arrive_incrementally(make_stack: Any) -> None:
-    stack = make_stack({"turns": [TOOL_TURN]})
+    stack = make_stack({"turns": [TOOL_TURN]}, token_delay_s=0.01)  # each token on its own
     _, key = stack.new_session()
     pieces = []
     for chunk in stack.openai(key).chat.completions.create(

@@ -112,15 +112,18 @@ class Response:
             self._waiter.set_result(None)
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive. Ends when the reply is complete."""
+        """Body bytes as they arrive, all that is buffered at once. Ends when
+        the reply is complete."""
         try:
             while True:
-                while self._chunks:
-                    data = self._chunks.popleft()
-                    self._buffered -= len(data)
-                    if self._buffered <= _HIGH_WATER // 2:
-                        self._conn.resume()
+                if self._chunks:
+                    chunks = self._chunks
+                    data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
+                    chunks.clear()
+                    self._buffered = 0
+                    self._conn.resume()
                     yield data
+                    continue
                 if self.error is not None:
                     raise self.error
                 if self.complete:

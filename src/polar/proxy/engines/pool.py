@@ -187,8 +187,8 @@ class EnginePool:
 
     async def stream_sse(
         self, path: str, body: Any, headers: Mapping[str, str] | None = None
-    ) -> AsyncIterator[SSEEvent]:
+    ) -> AsyncIterator[list[SSEEvent]]:
         member = self.choose((headers or {}).get(SESSION_HEADER))
         with self._using(member):
-            async for event in member.transport.stream_sse(path, body, headers):
-                yield event
+            async for events in member.transport.stream_sse(path, body, headers):
+                yield events

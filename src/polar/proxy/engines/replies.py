@@ -11,12 +11,12 @@ dialect. Nothing an engine sends can reach the record store unchecked.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import Any, ParamSpec
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from typing import Any, ParamSpec, TypeVar
 
 import orjson
 
-from polar.ir import EngineEvent
+from polar.ir import EngineEvent, joined
 from polar.ir.tokenids import pack
 from polar.proxy.errors import EngineError, EngineProtocolError
 from polar.proxy.logtext import brief, describe
@@ -24,6 +24,7 @@ from polar.proxy.logtext import brief, describe
 MAX_TOKEN_ID = (1 << 32) - 1
 
 P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def obj(value: Any, what: str) -> dict[str, Any]:
@@ -124,6 +125,22 @@ def error_of(doc: Mapping[str, Any]) -> str:
     error = doc.get("error")
     message = error.get("message") if isinstance(error, dict) else error
     return brief(message) if not isinstance(message, str) else message[:500]
+
+
+def read_burst(
+    items: Iterable[T], read: Callable[[T], list[EngineEvent]]
+) -> tuple[list[EngineEvent], Exception | None]:
+    """The events what one network read brought adds up to (``read`` of each
+    item, adjacent deltas joined: :func:`polar.ir.joined`), and the error that
+    stopped the reading, if any: the events read before it come back with it,
+    so a reply that fails mid-burst still has its earlier steps recorded."""
+    events: list[EngineEvent] = []
+    try:
+        for item in items:
+            events += read(item)
+    except Exception as exc:
+        return joined(events), exc
+    return joined(events), None
 
 
 def guarded(

@@ -24,11 +24,13 @@ from polar.proxy.engines.replies import (
     json_reply,
     obj,
     optional_obj,
+    read_burst,
     stop_reason,
     token_ids,
 )
 from polar.proxy.engines.sampling import SGLANG_NATIVE_NAMES, sampling_params
 from polar.proxy.engines.sglang import output_triples
+from polar.proxy.engines.transport import SSEEvent
 from polar.proxy.errors import EngineProtocolError
 
 GENERATE_PATH = "/generate"
@@ -66,16 +68,28 @@ class SglangTokenEngine(HttpEngine):
         sent = 0
         meta: dict[str, Any] = {}
         if body["stream"]:
-            async for sse in self._transport.stream_sse(GENERATE_PATH, body, headers):
-                if sse.data == b"[DONE]":
-                    break
+            done = False
+
+            def read(sse: SSEEvent) -> list[EngineEvent]:
+                nonlocal done, meta, sent
+                if done or sse.data == b"[DONE]":
+                    done = True
+                    return []
                 chunk = obj(json_reply(sse.data, "a chunk"), "a chunk")
                 if "error" in chunk:
                     raise EngineProtocolError(f"SGLang failed mid-stream: {error_of(chunk)}")
                 meta = optional_obj(chunk.get("meta_info"), "meta_info")
                 delta, sent = _new_part(chunk, meta, sent)
-                if delta.token_ids:
-                    yield delta
+                return [delta] if delta.token_ids else []
+
+            async for burst in self._transport.stream_sse(GENERATE_PATH, body, headers):
+                events, error = read_burst(burst, read)
+                for event in events:
+                    yield event
+                if error is not None:
+                    raise error
+                if done:
+                    break
         else:
             reply = obj(await self._transport.post_json(GENERATE_PATH, body, headers), "a reply")
             meta = optional_obj(reply.get("meta_info"), "meta_info")

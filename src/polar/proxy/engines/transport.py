@@ -47,29 +47,35 @@ class SSEDecoder:
         self._data: list[bytes] = []
 
     def feed(self, chunk: bytes) -> Iterator[SSEEvent]:
-        self._buffer += chunk
-        while True:
-            newline = self._buffer.find(b"\n")
-            if newline < 0:
-                return
-            line = self._buffer[:newline]
-            self._buffer = self._buffer[newline + 1 :]
-            if line.endswith(b"\r"):
-                line = line[:-1]
-            if not line:
-                if self._data:
-                    yield SSEEvent(self._event, b"\n".join(self._data))
-                self._event, self._data = None, []
-                continue
-            if line.startswith(b":"):
-                continue
-            name, _, value = line.partition(b":")
-            if value.startswith(b" "):
-                value = value[1:]
-            if name == b"data":
-                self._data.append(value)
-            elif name == b"event":
-                self._event = value.decode("utf-8", "replace")
+        buffer = self._buffer + chunk if self._buffer else chunk
+        start = 0
+        try:
+            while True:
+                newline = buffer.find(b"\n", start)
+                if newline < 0:
+                    return
+                line = buffer[start:newline]
+                start = newline + 1
+                if line.endswith(b"\r"):
+                    line = line[:-1]
+                if not line:
+                    if self._data:
+                        yield SSEEvent(self._event, b"\n".join(self._data))
+                    self._event, self._data = None, []
+                    continue
+                if line.startswith(b":"):
+                    continue
+                name, _, value = line.partition(b":")
+                if value.startswith(b" "):
+                    value = value[1:]
+                if name == b"data":
+                    self._data.append(value)
+                elif name == b"event":
+                    self._event = value.decode("utf-8", "replace")
+        finally:
+            # What is left (a line not ended yet), kept without copying the rest
+            # of the chunk once per line.
+            self._buffer = buffer[start:]
 
     def close(self) -> Iterator[SSEEvent]:
         """Flush an event the server did not terminate with a blank line."""
@@ -120,7 +126,7 @@ class Transport(Protocol):
 
     def stream_sse(
         self, path: str, body: Any, headers: Mapping[str, str] | None = None
-    ) -> AsyncIterator[SSEEvent]: ...
+    ) -> AsyncIterator[list[SSEEvent]]: ...
 
 
 class EngineTransport:
@@ -193,8 +199,10 @@ class EngineTransport:
 
     async def stream_sse(
         self, path: str, body: Any, headers: Mapping[str, str] | None = None
-    ) -> AsyncIterator[SSEEvent]:
-        """POST a JSON body and yield the reply's server-sent events as they arrive.
+    ) -> AsyncIterator[list[SSEEvent]]:
+        """POST a JSON body and yield the reply's server-sent events as they
+        arrive, a list of those one network read completed at a time (an engine
+        under load sends several steps at once; see :func:`polar.ir.joined`).
 
         An HTTP error status is raised before the first event. Closing the
         iterator early closes the connection, which makes vLLM and SGLang
@@ -213,10 +221,12 @@ class EngineTransport:
         try:
             with _mapped_errors(path, mid_stream=True):
                 async for chunk in chunks:
-                    for event in decoder.feed(chunk):
-                        yield event
-            for event in decoder.close():
-                yield event
+                    events = list(decoder.feed(chunk))
+                    if events:
+                        yield events
+            rest = list(decoder.close())
+            if rest:
+                yield rest
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
 

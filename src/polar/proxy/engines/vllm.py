@@ -40,10 +40,12 @@ from polar.proxy.engines.replies import (
     obj,
     optional_array,
     optional_obj,
+    read_burst,
     stop_reason,
     text,
     token_ids,
 )
+from polar.proxy.engines.transport import SSEEvent
 from polar.proxy.errors import EngineProtocolError
 
 
@@ -93,9 +95,12 @@ class VllmChatEngine(CompatChatEngine):
         self, body: dict[str, Any], details: bool, headers: Headers
     ) -> AsyncGenerator[EngineEvent, None]:
         reader = StreamReader(details=details)
-        async for sse in self._transport.stream_sse(CHAT_PATH, body, headers):
-            for event in reader.feed(sse.data):
+        async for burst in self._transport.stream_sse(CHAT_PATH, body, headers):
+            events, error = read_burst(burst, reader.read)
+            for event in events:
                 yield event
+            if error is not None:
+                raise error
         yield reader.finish()
 
 
@@ -160,6 +165,9 @@ class StreamReader:
         self._usage: Any = None
         self._completion_tokens = 0
         self._done = False
+
+    def read(self, sse: SSEEvent) -> list[EngineEvent]:
+        return self.feed(sse.data)
 
     def feed(self, data: bytes) -> list[EngineEvent]:
         if data == b"[DONE]":

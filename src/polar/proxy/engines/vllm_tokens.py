@@ -26,12 +26,13 @@ from polar.proxy.engines.replies import (
     obj,
     optional_array,
     optional_obj,
+    read_burst,
     stop_reason,
     text,
     token_ids,
 )
 from polar.proxy.engines.sampling import sampling_params
-from polar.proxy.engines.transport import Transport
+from polar.proxy.engines.transport import SSEEvent, Transport
 from polar.proxy.errors import EngineProtocolError
 
 COMPLETIONS_PATH = "/v1/completions"
@@ -139,24 +140,39 @@ class VllmTokenEngine(HttpEngine):
         raw_usage: Any = None
         produced = 0
         done = False
-        async for sse in self._transport.stream_sse(COMPLETIONS_PATH, body, headers):
+
+        def read(sse: SSEEvent) -> list[EngineEvent]:
+            nonlocal done, raw_usage, produced, reason, matched
+            if done:
+                return []
             if sse.data == b"[DONE]":
                 done = True
-                break
+                return []
             chunk = obj(json_reply(sse.data, "a chunk"), "a chunk")
             if "error" in chunk and "choices" not in chunk:
                 raise EngineProtocolError(f"engine failed mid-stream: {error_of(chunk)}")
             if chunk.get("usage") is not None:
                 raw_usage = chunk["usage"]
+            deltas: list[EngineEvent] = []
             for choice in optional_array(chunk.get("choices"), "choices"):
                 choice = obj(choice, "a choice")
                 delta = _choice_delta(choice, details=details)
                 if delta.token_ids:
                     produced += len(delta.token_ids)
-                    yield delta
+                    deltas.append(delta)
                 if choice.get("finish_reason") is not None:
                     reason = finish_reason(choice["finish_reason"])
                     matched = stop_reason(choice.get("stop_reason"))
+            return deltas
+
+        async for burst in self._transport.stream_sse(COMPLETIONS_PATH, body, headers):
+            events, error = read_burst(burst, read)
+            for event in events:
+                yield event
+            if error is not None:
+                raise error
+            if done:
+                break
         if reason is None or not done:
             raise EngineProtocolError(f"engine stream on {COMPLETIONS_PATH} ended before finishing")
         yield Finish(
