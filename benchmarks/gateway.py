@@ -467,10 +467,14 @@ def main() -> None:
     )
     parser.add_argument("--parts", default="cpu,memory", help="--scale: what to measure")
     parser.add_argument(
+        "--sizes", default="small,agent", help="--scale: request sizes for the CPU figures"
+    )
+    parser.add_argument(
         "--litellm",
         type=Path,
         help="--scale: LiteLLM's litellm executable to measure beside engine-rendered capture "
-        "(default: .cache/venv-litellm, from scripts/setup --litellm, or litellm on PATH)",
+        "(default: .cache/venv-litellm, from scripts/setup --litellm, or litellm on PATH; "
+        "off: not measured)",
     )
     parser.add_argument(
         "--batches",
@@ -512,6 +516,7 @@ def main() -> None:
             args.gateway_config,
             args.batches,
             args.litellm,
+            args.sizes.split(","),
         )
         return
     levels = [int(x) for x in args.levels.split(",")]

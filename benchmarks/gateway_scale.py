@@ -97,9 +97,10 @@ LITELLM_VENV = ROOT / ".cache/venv-litellm/bin/litellm"
 
 
 def litellm_binary(explicit: Path | None) -> Path | None:
-    """``--litellm``, else ``.cache/venv-litellm`` (``scripts/setup --litellm``), else PATH."""
+    """``--litellm`` (``off``: none), else ``.cache/venv-litellm`` (``scripts/setup
+    --litellm``), else PATH."""
     if explicit is not None:
-        return explicit
+        return None if str(explicit) == "off" else explicit
     if LITELLM_VENV.exists():
         return LITELLM_VENV
     found = shutil.which("litellm")
@@ -327,6 +328,7 @@ def main(
     config: Path | None = None,
     batches: int = 5,
     litellm: Path | None = None,
+    sizes: list[str] | None = None,
 ) -> None:
     """``config``: a YAML gateway config for this tree's gateway (e.g.
     ``gc_young_threshold: 700`` to see what the collector's tuning buys).
@@ -370,7 +372,7 @@ def main(
                 ]
                 if capture == "engine_rendered" and litellm is not None and "cpu" in parts:
                     gateways.append(stack.enter_context(_litellm(litellm, engine_port, workdir)))
-                for size in ("small", "agent") if "cpu" in parts else ():
+                for size in (sizes or ["small", "agent"]) if "cpu" in parts else ():
                     for stream in (False, True):
                         runs: list[list[float]] = [[] for _ in gateways]
                         for b in range(batches):

@@ -150,3 +150,60 @@ def test_reading_something_that_is_not_a_store_fails_clearly(tmp_path: Path) -> 
         SqliteStore(bogus).open()
     with pytest.raises(StoreError, match="no record store here"):
         SqliteStore(tmp_path / "missing.db").records("s1")
+
+
+def test_finishing_begun_calls_updates_each_its_own_row(tmp_path: Path) -> None:
+    """The writer remembers where each begun row is, so finishing needs no lookup;
+    whatever order calls finish in, across sessions, after a failed begin, in the
+    same transaction as their begin (not remembered yet) or never begun, each
+    outcome lands on its own row."""
+    store = SqliteStore(tmp_path / "r.db")
+    store.open()
+    _session(store, "s1")
+    _session(store, "s2")
+
+    def call(sid: str, seq: int, prompt: list[int], output: list[int]) -> CompletionRecord:
+        base = _record(seq, prompt, output, [{"role": "user", "content": f"{sid} {seq}"}])
+        fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
+        return CompletionRecord(**{**fields, "session_id": sid})
+
+    def in_flight(record: CompletionRecord) -> CompletionRecord:
+        fields = {f: getattr(record, f) for f in record.__dataclass_fields__}
+        return CompletionRecord(
+            **{**fields, "status": RecordStatus.IN_FLIGHT, "output_ids": (), "output_logprobs": ()}
+        )
+
+    done = [
+        call("s1", 1, [1, 2, 3], [10, 11]),
+        call("s2", 1, [1, 2, 3], [20]),
+        call("s1", 2, [1, 2, 3, 10, 11, 4], [12, 13, 14]),
+        call("s2", 2, [1, 2, 3, 20, 5], [21, 22]),
+    ]
+    orphan = call("nobody", 1, [9], [9])
+
+    async def begin_and_finish() -> list[BaseException | None]:
+        begun = await asyncio.gather(
+            *(store.begin(in_flight(r)) for r in [*done[:3], orphan]), return_exceptions=True
+        )
+        await asyncio.gather(*(store.finish(r) for r in (done[2], done[0])))
+        # One event-loop turn is one transaction: this row is found by looking it up.
+        await asyncio.gather(store.begin(in_flight(done[3])), store.finish(done[3]))
+        return list(begun)
+
+    begun = asyncio.run(begin_and_finish())
+    assert begun[:3] == [None, None, None] and isinstance(begun[3], StoreError)
+    store.close()
+    store = SqliteStore(tmp_path / "r.db")  # a restart: s2's call 1 is still in flight
+    store.open()
+    never = call("s1", 3, [7], [8])
+    asyncio.run(store.finish(never))  # never begun: written whole
+    store.close()
+    reopened = SqliteStore(tmp_path / "r.db")
+    by_key = {(r.session_id, r.seq): r for s in ("s1", "s2") for r in reopened.records(s)}
+    assert by_key[("s2", 1)].status is RecordStatus.INTERRUPTED  # the restart marked it
+    for record in (done[0], done[2], done[3], never):
+        stored = by_key[(record.session_id, record.seq)]
+        assert stored.status is RecordStatus.COMPLETED, record.session_id
+        assert stored.prompt_ids == record.prompt_ids
+        assert stored.output_ids == record.output_ids
+        assert stored.output_logprobs == record.output_logprobs

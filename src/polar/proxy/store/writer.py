@@ -203,6 +203,11 @@ class Writer:
         self._pending_blobs: list[bytes] = []
         self._pending_bases: list[tuple[str, int, TokenRun]] = []
         self._pending_closed: list[str] = []
+        # Rows begun in flight, by (session, seq, attempt): their rowid and how
+        # their prompt was stored, so finishing one needs no SELECT. Kept from
+        # commit until the call's outcome is written (a miss falls back to SELECT).
+        self._begun: dict[tuple[str, int, int], tuple[int, int, int]] = {}
+        self._pending_begun: list[tuple[tuple[str, int, int], tuple[int, int, int]]] = []
         self._pending_memos: list[tuple[tuple[str, str], ListMemo]] = []
         self._healthy = True
         self._failed_ops = 0
@@ -309,6 +314,7 @@ class Writer:
         self._pending_bases.clear()
         self._pending_memos.clear()
         self._pending_closed.clear()
+        self._pending_begun.clear()
         try:
             conn.execute("BEGIN IMMEDIATE")
             for op in ops:
@@ -337,6 +343,9 @@ class Writer:
             self._memos.move_to_end(memo_key)
         while len(self._memos) > 4096:
             self._memos.popitem(last=False)
+        if len(self._begun) > _BEGUN_LIMIT:  # outcomes never written (a bug): forget, SELECT
+            self._begun.clear()
+        self._begun.update(self._pending_begun)
         for session_id in self._pending_closed:
             # A closed session makes no more calls: its delta bases and memos serve nobody.
             self._bases.drop(session_id)
@@ -434,16 +443,23 @@ class Writer:
         cursor = self._conn.execute(_INSERT, values)
         rowid = cursor.lastrowid
         assert rowid is not None
+        if not base:
+            key = (sid, record.seq, record.attempt)
+            self._pending_begun.append((key, (rowid, shared, len(prompt) - shared * WIDTH)))
         if base:
             full = TokenRun.of(prompt).then(pack(record.output_ids))
             self._pending_bases.append((sid, rowid, full))
 
     def _finish_record(self, record: CompletionRecord, ids: TokenRun | None) -> None:
-        row = self._conn.execute(
-            "SELECT rowid, prompt_shared, length(prompt_tail) FROM records "
-            "WHERE session_id = ? AND seq = ? AND attempt = ?",
-            (record.session_id, record.seq, record.attempt),
-        ).fetchone()
+        key = (record.session_id, record.seq, record.attempt)
+        row = (
+            self._begun.pop(key, None)
+            or self._conn.execute(
+                "SELECT rowid, prompt_shared, length(prompt_tail) FROM records "
+                "WHERE session_id = ? AND seq = ? AND attempt = ?",
+                key,
+            ).fetchone()
+        )
         n = len(record.prompt_ids)
         if ids is None or len(ids) != n + len(record.output_ids):
             ids = TokenRun.of(pack(record.prompt_ids)).then(pack(record.output_ids))
@@ -464,10 +480,7 @@ class Writer:
         self._pending_bases.append((record.session_id, rowid, ids))
 
     def _update_outcome(self, rowid: int, record: CompletionRecord) -> None:
-        assignments = ", ".join(f"{column} = ?" for column in OUTCOME_COLUMNS)
-        self._conn.execute(
-            f"UPDATE records SET {assignments} WHERE rowid = ?", (*outcome_values(record), rowid)
-        )
+        self._conn.execute(_UPDATE_OUTCOME, (*outcome_values(record), rowid))
 
 
 _IDENTITY_COLUMNS = (
@@ -490,6 +503,12 @@ _INSERT = (
     f"INSERT INTO records ({', '.join(_IDENTITY_COLUMNS + OUTCOME_COLUMNS)}) "
     f"VALUES ({', '.join('?' * (len(_IDENTITY_COLUMNS) + len(OUTCOME_COLUMNS)))})"
 )
+
+
+_UPDATE_OUTCOME = (
+    f"UPDATE records SET {', '.join(f'{column} = ?' for column in OUTCOME_COLUMNS)} WHERE rowid = ?"
+)
+_BEGUN_LIMIT = 1 << 16
 
 
 def _store_level(error: BaseException) -> bool:
