@@ -27,9 +27,10 @@ transport maps to the gateway's error tree.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -114,15 +115,27 @@ class Response:
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive, all that is buffered at once. Ends when
         the reply is complete."""
+        async with contextlib.aclosing(self._drained()) as drained:
+            async for pieces in drained:
+                yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    async def read(self) -> bytes:
+        parts: list[bytes] = []
+        async with contextlib.aclosing(self._drained()) as drained:
+            async for pieces in drained:
+                parts += pieces
+        return b"".join(parts)
+
+    async def _drained(self) -> AsyncGenerator[list[bytes], None]:
+        """What has arrived each time, as received."""
         try:
             while True:
                 if self._chunks:
-                    chunks = self._chunks
-                    data = chunks.popleft() if len(chunks) == 1 else b"".join(chunks)
-                    chunks.clear()
+                    pieces = list(self._chunks)
+                    self._chunks.clear()
                     self._buffered = 0
                     self._conn.resume()
-                    yield data
+                    yield pieces
                     continue
                 if self.error is not None:
                     raise self.error
@@ -133,9 +146,6 @@ class Response:
                 self._waiter = None
         finally:
             self._conn.done_with(self)
-
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
 
 
 class _Connection(asyncio.Protocol):
