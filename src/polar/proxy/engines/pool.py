@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -187,7 +187,7 @@ class EnginePool:
 
     async def stream_sse(
         self, path: str, body: Any, headers: Mapping[str, str] | None = None
-    ) -> AsyncIterator[list[SSEEvent]]:
+    ) -> AsyncGenerator[list[SSEEvent], None]:
         member = self.choose((headers or {}).get(SESSION_HEADER))
         with self._using(member):
             async for events in member.transport.stream_sse(path, body, headers):

@@ -10,6 +10,7 @@ dialect. Nothing an engine sends can reach the record store unchecked.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from typing import Any, ParamSpec, TypeVar
@@ -141,6 +142,25 @@ def read_burst(
     except Exception as exc:
         return joined(events), exc
     return joined(events), None
+
+
+async def read_stream(
+    bursts: AsyncGenerator[list[T], None],
+    read: Callable[[T], list[EngineEvent]],
+    done: Callable[[], bool] = lambda: False,
+) -> AsyncGenerator[EngineEvent, None]:
+    """A stream's events, read burst by burst (:func:`read_burst`): each burst's
+    events, then the error that stopped its reading; it ends after the burst in
+    which ``done()`` became true (the engine's end-of-stream marker)."""
+    async with contextlib.aclosing(bursts):
+        async for burst in bursts:
+            events, error = read_burst(burst, read)
+            for event in events:
+                yield event
+            if error is not None:
+                raise error
+            if done():
+                return
 
 
 def guarded(

@@ -24,7 +24,7 @@ from polar.proxy.engines.replies import (
     json_reply,
     obj,
     optional_obj,
-    read_burst,
+    read_stream,
     stop_reason,
     token_ids,
 )
@@ -82,14 +82,10 @@ class SglangTokenEngine(HttpEngine):
                 delta, sent = _new_part(chunk, meta, sent)
                 return [delta] if delta.token_ids else []
 
-            async for burst in self._transport.stream_sse(GENERATE_PATH, body, headers):
-                events, error = read_burst(burst, read)
-                for event in events:
-                    yield event
-                if error is not None:
-                    raise error
-                if done:
-                    break
+            async for event in read_stream(
+                self._transport.stream_sse(GENERATE_PATH, body, headers), read, lambda: done
+            ):
+                yield event
         else:
             reply = obj(await self._transport.post_json(GENERATE_PATH, body, headers), "a reply")
             meta = optional_obj(reply.get("meta_info"), "meta_info")

@@ -4,7 +4,7 @@ place where transport failures become :class:`~polar.proxy.errors.EngineError`."
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -126,7 +126,7 @@ class Transport(Protocol):
 
     def stream_sse(
         self, path: str, body: Any, headers: Mapping[str, str] | None = None
-    ) -> AsyncIterator[list[SSEEvent]]: ...
+    ) -> AsyncGenerator[list[SSEEvent], None]: ...
 
 
 class EngineTransport:
@@ -199,7 +199,7 @@ class EngineTransport:
 
     async def stream_sse(
         self, path: str, body: Any, headers: Mapping[str, str] | None = None
-    ) -> AsyncIterator[list[SSEEvent]]:
+    ) -> AsyncGenerator[list[SSEEvent], None]:
         """POST a JSON body and yield the reply's server-sent events as they
         arrive, a list of those one network read completed at a time (an engine
         under load sends several steps at once; see :func:`polar.ir.joined`).

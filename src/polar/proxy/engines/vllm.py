@@ -40,7 +40,7 @@ from polar.proxy.engines.replies import (
     obj,
     optional_array,
     optional_obj,
-    read_burst,
+    read_stream,
     stop_reason,
     text,
     token_ids,
@@ -95,12 +95,10 @@ class VllmChatEngine(CompatChatEngine):
         self, body: dict[str, Any], details: bool, headers: Headers
     ) -> AsyncGenerator[EngineEvent, None]:
         reader = StreamReader(details=details)
-        async for burst in self._transport.stream_sse(CHAT_PATH, body, headers):
-            events, error = read_burst(burst, reader.read)
-            for event in events:
-                yield event
-            if error is not None:
-                raise error
+        async for event in read_stream(
+            self._transport.stream_sse(CHAT_PATH, body, headers), reader.read
+        ):
+            yield event
         yield reader.finish()
 
 

@@ -26,7 +26,7 @@ from polar.proxy.engines.replies import (
     obj,
     optional_array,
     optional_obj,
-    read_burst,
+    read_stream,
     stop_reason,
     text,
     token_ids,
@@ -165,14 +165,10 @@ class VllmTokenEngine(HttpEngine):
                     matched = stop_reason(choice.get("stop_reason"))
             return deltas
 
-        async for burst in self._transport.stream_sse(COMPLETIONS_PATH, body, headers):
-            events, error = read_burst(burst, read)
-            for event in events:
-                yield event
-            if error is not None:
-                raise error
-            if done:
-                break
+        async for event in read_stream(
+            self._transport.stream_sse(COMPLETIONS_PATH, body, headers), read, lambda: done
+        ):
+            yield event
         if reason is None or not done:
             raise EngineProtocolError(f"engine stream on {COMPLETIONS_PATH} ended before finishing")
         yield Finish(

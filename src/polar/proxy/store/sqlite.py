@@ -26,7 +26,9 @@ or ``kill -9`` of the gateway process; a power cut or kernel crash can lose the
 last transactions. ``"full"`` fsyncs every commit and survives those too.
 
 Cost: concurrent writes share one transaction per wake-up of the writer
-(group commit), so the dispatch row costs less than a second commit per call.
+(group commit), so the dispatch row costs less than a second commit per call,
+and the outcome is written by the rowid the writer kept from the begin (one
+UPDATE, no lookup).
 ``benchmarks/reliability.py store`` measures begin + finish against one append
 per call, side by side in one run, at several concurrency levels.
 
