@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import AsyncGenerator, Callable, Mapping
+from typing import Any, ParamSpec
 
 import orjson
 
 from polar.ir import EngineEvent, joined
 from polar.ir.tokenids import pack
+from polar.proxy.engines.transport import SSEEvent
 from polar.proxy.errors import EngineError, EngineProtocolError
 from polar.proxy.logtext import brief, describe
 
 MAX_TOKEN_ID = (1 << 32) - 1
 
 P = ParamSpec("P")
-T = TypeVar("T")
 
 
 def obj(value: Any, what: str) -> dict[str, Any]:
@@ -128,34 +128,26 @@ def error_of(doc: Mapping[str, Any]) -> str:
     return brief(message) if not isinstance(message, str) else message[:500]
 
 
-def read_burst(
-    items: Iterable[T], read: Callable[[T], list[EngineEvent]]
-) -> tuple[list[EngineEvent], Exception | None]:
-    """The events what one network read brought adds up to (``read`` of each
-    item, adjacent deltas joined: :func:`polar.ir.joined`), and the error that
-    stopped the reading, if any: the events read before it come back with it,
-    so a reply that fails mid-burst still has its earlier steps recorded."""
-    events: list[EngineEvent] = []
-    try:
-        for item in items:
-            events += read(item)
-    except Exception as exc:
-        return joined(events), exc
-    return joined(events), None
-
-
 async def read_stream(
-    bursts: AsyncGenerator[list[T], None],
-    read: Callable[[T], list[EngineEvent]],
+    bursts: AsyncGenerator[list[SSEEvent], None],
+    read: Callable[[bytes], list[EngineEvent]],
     done: Callable[[], bool] = lambda: False,
 ) -> AsyncGenerator[EngineEvent, None]:
-    """A stream's events, read burst by burst (:func:`read_burst`): each burst's
-    events, then the error that stopped its reading; it ends after the burst in
-    which ``done()`` became true (the engine's end-of-stream marker)."""
+    """A stream's events, ``read`` from each event's data a network read at a
+    time, the deltas of one read joined (:func:`polar.ir.joined`). When reading
+    fails, the events read before the failure still come out first, so a reply
+    that fails mid-burst keeps its earlier steps. Ends after the read in which
+    ``done()`` became true (the engine's end-of-stream marker)."""
     async with contextlib.aclosing(bursts):
         async for burst in bursts:
-            events, error = read_burst(burst, read)
-            for event in events:
+            events: list[EngineEvent] = []
+            error: Exception | None = None
+            try:
+                for sse in burst:
+                    events += read(sse.data)
+            except Exception as exc:
+                error = exc
+            for event in joined(events):
                 yield event
             if error is not None:
                 raise error

@@ -30,7 +30,6 @@ from polar.proxy.engines.replies import (
 )
 from polar.proxy.engines.sampling import SGLANG_NATIVE_NAMES, sampling_params
 from polar.proxy.engines.sglang import output_triples
-from polar.proxy.engines.transport import SSEEvent
 from polar.proxy.errors import EngineProtocolError
 
 GENERATE_PATH = "/generate"
@@ -70,12 +69,12 @@ class SglangTokenEngine(HttpEngine):
         if body["stream"]:
             done = False
 
-            def read(sse: SSEEvent) -> list[EngineEvent]:
+            def read(data: bytes) -> list[EngineEvent]:
                 nonlocal done, meta, sent
-                if done or sse.data == b"[DONE]":
+                if done or data == b"[DONE]":
                     done = True
                     return []
-                chunk = obj(json_reply(sse.data, "a chunk"), "a chunk")
+                chunk = obj(json_reply(data, "a chunk"), "a chunk")
                 if "error" in chunk:
                     raise EngineProtocolError(f"SGLang failed mid-stream: {error_of(chunk)}")
                 meta = optional_obj(chunk.get("meta_info"), "meta_info")

@@ -45,7 +45,6 @@ from polar.proxy.engines.replies import (
     text,
     token_ids,
 )
-from polar.proxy.engines.transport import SSEEvent
 from polar.proxy.errors import EngineProtocolError
 
 
@@ -96,7 +95,7 @@ class VllmChatEngine(CompatChatEngine):
     ) -> AsyncGenerator[EngineEvent, None]:
         reader = StreamReader(details=details)
         async for event in read_stream(
-            self._transport.stream_sse(CHAT_PATH, body, headers), reader.read
+            self._transport.stream_sse(CHAT_PATH, body, headers), reader.feed
         ):
             yield event
         yield reader.finish()
@@ -163,9 +162,6 @@ class StreamReader:
         self._usage: Any = None
         self._completion_tokens = 0
         self._done = False
-
-    def read(self, sse: SSEEvent) -> list[EngineEvent]:
-        return self.feed(sse.data)
 
     def feed(self, data: bytes) -> list[EngineEvent]:
         if data == b"[DONE]":

@@ -32,7 +32,7 @@ from polar.proxy.engines.replies import (
     token_ids,
 )
 from polar.proxy.engines.sampling import sampling_params
-from polar.proxy.engines.transport import SSEEvent, Transport
+from polar.proxy.engines.transport import Transport
 from polar.proxy.errors import EngineProtocolError
 
 COMPLETIONS_PATH = "/v1/completions"
@@ -141,14 +141,12 @@ class VllmTokenEngine(HttpEngine):
         produced = 0
         done = False
 
-        def read(sse: SSEEvent) -> list[EngineEvent]:
+        def read(data: bytes) -> list[EngineEvent]:
             nonlocal done, raw_usage, produced, reason, matched
-            if done:
-                return []
-            if sse.data == b"[DONE]":
+            if done or data == b"[DONE]":
                 done = True
                 return []
-            chunk = obj(json_reply(sse.data, "a chunk"), "a chunk")
+            chunk = obj(json_reply(data, "a chunk"), "a chunk")
             if "error" in chunk and "choices" not in chunk:
                 raise EngineProtocolError(f"engine failed mid-stream: {error_of(chunk)}")
             if chunk.get("usage") is not None:
