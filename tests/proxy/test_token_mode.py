@@ -156,22 +156,43 @@ def test_a_malformed_tool_call_reaches_the_client_as_text_and_is_flagged(make_st
     assert "not valid JSON" in bad.reason
 
 
+@pytest.mark.parametrize("wire", ["vllm", "sglang"])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("top", [0, 2])
 def test_client_logprobs_in_token_mode_name_the_exact_tokens(
-    make_stack: Any, tokenizer: Any
+    make_stack: Any, tokenizer: Any, wire: str, stream: bool, top: int
 ) -> None:
-    stack = make_stack({"turns": [{"text": "héllo wörld"}]}, capture="token_in_token_out")
-    sid, key = stack.new_session()
-    reply = stack.openai(key).chat.completions.create(
-        model="m", messages=[SYSTEM, USER], logprobs=True, top_logprobs=1
+    """Every sampled token reaches a client that asked for logprobs, with the
+    tokenizer's own bytes, whichever engine sampled it (SGLang's /generate
+    names no token text unless asked, and once gave the client none at all),
+    and with the engine's alternatives when the client asked for some."""
+    stack = make_stack(
+        {"turns": [{"text": "héllo wörld"}]}, wire=wire, capture="token_in_token_out"
     )
+    sid, key = stack.new_session()
+    client = stack.openai(key)
+    asked: Any = {"model": "m", "messages": [SYSTEM, USER], "logprobs": True, "top_logprobs": top}
+    entries: list[Any] = []
+    if stream:
+        for chunk in client.chat.completions.create(**asked, stream=True):
+            for choice in chunk.choices:
+                entries += (choice.logprobs.content or []) if choice.logprobs else []
+    else:
+        reply = client.chat.completions.create(**asked)
+        entries = reply.choices[0].logprobs.content or []  # type: ignore[union-attr]
     (record,) = stack.records(sid)
-    entries = reply.choices[0].logprobs.content  # type: ignore[union-attr]
-    assert entries is not None
     assert [e.logprob for e in entries] == list(record.output_logprobs)
     assert (
         b"".join(bytes(e.bytes or []) for e in entries)
         == tokenizer.decode(list(record.output_ids)).encode()
     )
+    for entry, token_id in zip(entries, record.output_ids, strict=True):
+        assert entry.token == tokenizer.decode([token_id])
+        assert len(entry.top_logprobs) == top
+        if top:  # the scripted engines put the sampled token first
+            assert entry.top_logprobs[0].token == entry.token
+            assert entry.top_logprobs[0].logprob == entry.logprob
+            assert entry.top_logprobs[1].logprob == entry.logprob - 1.5
 
 
 def test_truncated_turn_then_continue_stays_append_only(make_stack: Any) -> None:

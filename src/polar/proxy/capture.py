@@ -256,7 +256,13 @@ class GatewayRendered:
         )
         flags: list[DeliveryFlag] = []
         events = self._parse(
-            plan.ids, call.events, parser, flags, streamed=request.stream, tools=request.tools
+            plan.ids,
+            call.events,
+            parser,
+            flags,
+            streamed=request.stream,
+            tools=request.tools,
+            details=request.top_logprobs is not None,
         )
         return PreparedCall(
             body=call.body,
@@ -278,7 +284,10 @@ class GatewayRendered:
         *,
         streamed: bool,
         tools: Sequence[ToolSpec],
+        details: bool,
     ) -> AsyncGenerator[EngineEvent, None]:
+        """``details``: the client asked for logprobs, so each delta carries per-token
+        detail, built here from the ids (the engine adds alternatives when asked)."""
         yield PromptTokens(prompt_ids)
         turn = ParsedTurn()
         text = self.template.text
@@ -293,7 +302,7 @@ class GatewayRendered:
                     _track(calls, piece)
                     turn.add(piece.text, piece.reasoning, piece.tool_calls)
                     flags.extend(withdrawn_flags(piece.tool_calls, streamed=streamed))
-                    yield self._delta(event, piece)
+                    yield self._delta(event, piece, details)
                 elif isinstance(event, Finish):
                     piece = parser.feed(stream.flush())
                     piece.extend(parser.finish())
@@ -312,12 +321,14 @@ class GatewayRendered:
                         reason = FinishReason.TOOL_CALLS
                     yield Finish(reason=reason, usage=event.usage, matched_stop=event.matched_stop)
 
-    def _delta(self, event: Delta, piece: Piece) -> Delta:
+    def _delta(self, event: Delta, piece: Piece, wanted: bool) -> Delta:
         details = None
-        if event.details is not None:
+        if wanted and event.token_ids:
+            # The token's text and bytes are the tokenizer's, whatever the engine
+            # says; the engine only has the alternatives (when they were asked for).
             piece_of = self.template.text.piece
             n = len(event.token_ids)
-            tops = [d.top for d in event.details[:n]]
+            tops = [d.top for d in (event.details or ())[:n]]
             tops += [()] * (n - len(tops))
             details = tuple(
                 TokenLogprob(token=token, logprob=logprob, bytes=tuple(data), top=top)

@@ -1,7 +1,10 @@
 """Token-in/token-out through SGLang's native ``POST /generate``.
 
 ``input_ids`` in, ``output_ids`` and ``meta_info.output_token_logprobs``
-(``[logprob, token_id, text]`` triples) out, with ``return_logprob: true``.
+(``[logprob, token_id, text]`` triples) out, with ``return_logprob: true``;
+a client's top alternatives come in ``meta_info.output_top_logprobs`` (per
+position, a list of such triples or ``null``), their text with
+``return_text_in_logprobs``.
 Streams carry the whole output so far in every chunk by default
 (``--incremental-streaming-output`` makes them carry only the new part); this
 client handles both by counting what it has already passed on.
@@ -12,20 +15,24 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from polar.ir import Delta, EngineEvent, Finish, Usage
+from polar.ir import Delta, EngineEvent, Finish, TokenLogprob, TopLogprob, Usage
 from polar.ir.tokenids import PromptIdList
 from polar.proxy.engines.adapter import HttpEngine
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers, TokenRequest
 from polar.proxy.engines.openai_compat import finish_reason
 from polar.proxy.engines.replies import (
+    array,
     count,
     error_of,
     guarded,
     json_reply,
+    number,
     obj,
+    optional_array,
     optional_obj,
     read_stream,
     stop_reason,
+    text,
     token_ids,
 )
 from polar.proxy.engines.sampling import SGLANG_NATIVE_NAMES, sampling_params
@@ -49,6 +56,8 @@ def generate_body(request: TokenRequest) -> dict[str, Any]:
         "return_logprob": True,
         "logprob_start_len": -1,
         "top_logprobs_num": request.top_logprobs or 0,
+        # The alternatives' text (the sampled tokens' text comes from the gateway's tokenizer).
+        **({"return_text_in_logprobs": True} if request.top_logprobs else {}),
         "stream": request.stream,
     }
 
@@ -66,6 +75,7 @@ class SglangTokenEngine(HttpEngine):
     ) -> AsyncGenerator[EngineEvent, None]:
         sent = 0
         meta: dict[str, Any] = {}
+        tops = body["top_logprobs_num"] > 0
         if body["stream"]:
             done = False
 
@@ -78,7 +88,7 @@ class SglangTokenEngine(HttpEngine):
                 if "error" in chunk:
                     raise EngineProtocolError(f"SGLang failed mid-stream: {error_of(chunk)}")
                 meta = optional_obj(chunk.get("meta_info"), "meta_info")
-                delta, sent = _new_part(chunk, meta, sent)
+                delta, sent = _new_part(chunk, meta, sent, tops)
                 return [delta] if delta.token_ids else []
 
             async for event in read_stream(
@@ -88,7 +98,7 @@ class SglangTokenEngine(HttpEngine):
         else:
             reply = obj(await self._transport.post_json(GENERATE_PATH, body, headers), "a reply")
             meta = optional_obj(reply.get("meta_info"), "meta_info")
-            delta, sent = _new_part(reply, meta, 0)
+            delta, sent = _new_part(reply, meta, 0, tops)
             yield delta
         reason = meta.get("finish_reason")
         if not reason:
@@ -107,24 +117,57 @@ class SglangTokenEngine(HttpEngine):
         )
 
 
-def _new_part(chunk: dict[str, Any], meta: dict[str, Any], sent: int) -> tuple[Delta, int]:
-    """The ids and logprobs not yet passed on, whether chunks are cumulative or not."""
+def _new_part(
+    chunk: dict[str, Any], meta: dict[str, Any], sent: int, tops: bool
+) -> tuple[Delta, int]:
+    """The ids and logprobs not yet passed on, whether chunks are cumulative or not;
+    ``tops``: with each token's alternatives (``output_top_logprobs``)."""
     ids = list(token_ids(chunk.get("output_ids"), "output_ids"))
     triple_ids, triple_logprobs = output_triples(meta)
     triples = list(zip(triple_logprobs, triple_ids, strict=True))
+    alternatives = optional_array(meta.get("output_top_logprobs"), "output_top_logprobs")
     total = count(
         meta.get("output_token_logprobs_length", meta.get("completion_tokens", len(ids))),
         "output length",
     )
     if len(ids) == total and total >= sent:  # cumulative (SGLang's default)
         ids, triples = ids[sent:], triples[sent:] if len(triples) == total else triples
+        if len(alternatives) == total:
+            alternatives = alternatives[sent:]
     if len(triples) != len(ids):
         raise EngineProtocolError(
             f"SGLang sent {len(ids)} new ids but {len(triples)} logprob entries"
         )
     if any(t[1] != i for t, i in zip(triples, ids, strict=True)):
         raise EngineProtocolError("SGLang output_ids disagree with output_token_logprobs")
+    logprobs = tuple(t[0] for t in triples)
+    details = None
+    if tops and ids:
+        if len(alternatives) != len(ids):
+            raise EngineProtocolError(
+                f"SGLang sent {len(ids)} new ids but alternatives for {len(alternatives)}"
+            )
+        details = tuple(
+            TokenLogprob(token="", logprob=value, top=_alternatives(entry))
+            for value, entry in zip(logprobs, alternatives, strict=True)
+        )
     return (
-        Delta(token_ids=tuple(ids), logprobs=tuple(t[0] for t in triples)),
+        Delta(token_ids=tuple(ids), logprobs=logprobs, details=details),
         sent + len(ids),
     )
+
+
+def _alternatives(entry: Any) -> tuple[TopLogprob, ...]:
+    """One position's ``[logprob, token_id, text]`` alternatives (``null``: none)."""
+    out = []
+    for triple in optional_array(entry, "an output_top_logprobs entry"):
+        item = array(triple, "an output_top_logprobs alternative")
+        if len(item) < 3:
+            raise EngineProtocolError("SGLang sent an alternative without its text")
+        out.append(
+            TopLogprob(
+                token=text(item[2], "an alternative's text"),
+                logprob=number(item[0], "an alternative's logprob"),
+            )
+        )
+    return tuple(out)

@@ -104,7 +104,9 @@ class VllmTokenEngine(HttpEngine):
 
     def prepare(self, request: TokenRequest, *, headers: Headers = NO_HEADERS) -> EngineCall:
         body = completion_body(request, model=self._model)
-        details = request.top_logprobs is not None
+        # Per-token detail only for the alternatives: the capture makes the rest
+        # (token text and bytes) from the ids with its own tokenizer.
+        details = bool(request.top_logprobs)
         events = (
             self._stream(body, details, headers)
             if request.stream

@@ -500,9 +500,20 @@ class ScriptedEngine:
         except ScriptMismatch as exc:
             return _json({"error": {"message": f"scripted engine: {exc}"}}, 400)
         rid = secrets.token_hex(16)
+        logprobs = {
+            "top": int(body.get("top_logprobs_num") or 0) if body.get("return_logprob") else 0,
+            "tokenizer": self.tokenizer,
+            "with_text": bool(body.get("return_text_in_logprobs")),
+        }
         if not body.get("stream"):
             meta = sglang_wire.generate_meta(
-                gen, prompt, len(gen.ids), rid, final=True, weight_version=self.weight_version
+                gen,
+                prompt,
+                len(gen.ids),
+                rid,
+                final=True,
+                weight_version=self.weight_version,
+                **logprobs,
             )
             return _json({"text": gen.text, "output_ids": gen.ids, "meta_info": meta})
 
@@ -517,7 +528,13 @@ class ScriptedEngine:
                     "text": "".join(gen.token_texts[: i + 1]),
                     "output_ids": gen.ids[: i + 1],
                     "meta_info": sglang_wire.generate_meta(
-                        gen, prompt, i + 1, rid, final=final, weight_version=self.weight_version
+                        gen,
+                        prompt,
+                        i + 1,
+                        rid,
+                        final=final,
+                        weight_version=self.weight_version,
+                        **logprobs,
                     ),
                 }
                 yield b"data: " + orjson.dumps(chunk) + b"\n\n"

@@ -210,8 +210,14 @@ def generate_meta(
     *,
     final: bool,
     weight_version: str = "default",
+    top: int = 0,
+    tokenizer: Any = None,
+    with_text: bool = False,
 ) -> dict[str, Any]:
-    """``meta_info`` of SGLang's ``/generate`` after ``upto`` tokens (cumulative)."""
+    """``meta_info`` of SGLang's ``/generate`` after ``upto`` tokens (cumulative).
+    ``top``: ``top_logprobs_num`` (``output_top_logprobs``: per position, the
+    sampled token first, then made-up alternatives); ``with_text``:
+    ``return_text_in_logprobs`` (token texts in the triples, else ``None``)."""
     if not final:
         finish: dict[str, Any] | None = None
     elif gen.finish == "stop":
@@ -226,12 +232,25 @@ def generate_meta(
         "num_retractions": 0,
         "input_token_logprobs": [[None, prompt[-1], None]],
         "output_token_logprobs": [
-            [lp, t, None] for lp, t in zip(gen.logprobs[:upto], gen.ids[:upto], strict=True)
+            [lp, t, _text(tokenizer, t) if with_text else None]
+            for lp, t in zip(gen.logprobs[:upto], gen.ids[:upto], strict=True)
         ],
         "output_token_logprobs_length": upto,
         "completion_tokens": upto,
         "cached_tokens": 0,
     }
+    if top > 0:
+        meta["output_top_logprobs"] = [
+            [
+                [lp - 1.5 * k, alt, _text(tokenizer, alt) if with_text else None]
+                for k, alt in enumerate([t, *((t + 7919 * k) % 151643 for k in range(1, top))])
+            ]
+            for lp, t in zip(gen.logprobs[:upto], gen.ids[:upto], strict=True)
+        ]
     if final:
         meta["e2e_latency"] = 0.001
     return meta
+
+
+def _text(tokenizer: Any, token_id: int) -> str:
+    return str(tokenizer.decode([token_id], skip_special_tokens=False))
