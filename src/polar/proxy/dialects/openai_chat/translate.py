@@ -100,9 +100,9 @@ def _arguments(arguments: str | dict[str, Any]) -> str:
     return orjson.dumps(arguments).decode()
 
 
-def message_to_ir(message: ChatMessage, index: int) -> Message:
+def message_to_ir(message: ChatMessage, index: int, fields: dict[str, Any]) -> Message:
+    """``fields``: the message's fields as given (``model_dump(exclude_unset=True)``)."""
     where = f"messages[{index}]"
-    fields = message.model_dump(exclude_unset=True)
     extra: dict[str, Any] = {
         "wire": {k: v for k, v in fields.items() if k not in _MESSAGE_MODELED},
         "form": _form(message.content, "content" in fields),
@@ -231,7 +231,10 @@ def request_to_ir(wire: ChatCompletionRequest) -> ChatRequest:
     }
     return ChatRequest(
         model=wire.model,
-        messages=tuple(message_to_ir(m, i) for i, m in enumerate(wire.messages)),
+        messages=tuple(
+            message_to_ir(m, i, fields)
+            for i, (m, fields) in enumerate(zip(wire.messages, given["messages"], strict=True))
+        ),
         tools=tuple(tools),
         tool_choice=choice,
         parallel_tool_calls=wire.parallel_tool_calls,
