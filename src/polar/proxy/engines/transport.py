@@ -46,44 +46,43 @@ class SSEDecoder:
         self._event: str | None = None
         self._data: list[bytes] = []
 
-    def feed(self, chunk: bytes) -> Iterator[SSEEvent]:
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """The events ``chunk`` completes (a line not ended yet waits for the next)."""
         buffer = self._buffer + chunk if self._buffer else chunk
-        start = 0
-        try:
-            while True:
-                newline = buffer.find(b"\n", start)
-                if newline < 0:
-                    return
-                line = buffer[start:newline]
-                start = newline + 1
-                if line.endswith(b"\r"):
-                    line = line[:-1]
-                if not line:
-                    if self._data:
-                        yield SSEEvent(self._event, b"\n".join(self._data))
-                    self._event, self._data = None, []
-                    continue
-                if line.startswith(b":"):
-                    continue
+        end = buffer.rfind(b"\n") + 1
+        self._buffer = buffer[end:]
+        if not end:
+            return []
+        events: list[SSEEvent] = []
+        data = self._data
+        # The lines split in C: a burst of steps is parsed in one pass.
+        for line in buffer[: end - 1].split(b"\n"):
+            if line[-1:] == b"\r":
+                line = line[:-1]
+            if not line:
+                if data:
+                    events.append(SSEEvent(self._event, b"\n".join(data)))
+                    data = self._data = []
+                self._event = None
+            elif line[:5] == b"data:":
+                data.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif line[:1] != b":":  # not a comment
                 name, _, value = line.partition(b":")
-                if value.startswith(b" "):
+                if value[:1] == b" ":
                     value = value[1:]
                 if name == b"data":
-                    self._data.append(value)
+                    data.append(value)
                 elif name == b"event":
                     self._event = value.decode("utf-8", "replace")
-        finally:
-            # What is left (a line not ended yet), kept without copying the rest
-            # of the chunk once per line.
-            self._buffer = buffer[start:]
+        return events
 
-    def close(self) -> Iterator[SSEEvent]:
+    def close(self) -> list[SSEEvent]:
         """Flush an event the server did not terminate with a blank line."""
-        if self._buffer:
-            yield from self.feed(b"\n")
+        events = self.feed(b"\n") if self._buffer else []
         if self._data:
-            yield SSEEvent(self._event, b"\n".join(self._data))
+            events.append(SSEEvent(self._event, b"\n".join(self._data)))
             self._event, self._data = None, []
+        return events
 
 
 def error_message(body: bytes) -> tuple[str, str | None]:
@@ -221,10 +220,10 @@ class EngineTransport:
         try:
             with _mapped_errors(path, mid_stream=True):
                 async for chunk in chunks:
-                    events = list(decoder.feed(chunk))
+                    events = decoder.feed(chunk)
                     if events:
                         yield events
-            rest = list(decoder.close())
+            rest = decoder.close()
             if rest:
                 yield rest
         finally:
