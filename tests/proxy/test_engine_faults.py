@@ -254,3 +254,62 @@ def test_steps_an_engine_sent_together_reach_the_client_together_and_the_record_
     assert broken.status is RecordStatus.FAILED
     assert broken.error is not None and broken.error.kind is ErrorKind.ENGINE_PROTOCOL
     assert broken.output_ids == tuple(ids[:3]), "the steps before the failure are kept"
+
+
+def _vllm_completions_stream(ids: list[int], *, fail_after: int | None = None) -> bytes:
+    """vLLM's completions stream (token-in/token-out capture) for ``ids``, one
+    step per chunk, every chunk in one write."""
+    head = {"id": "cmpl-x", "object": "text_completion", "created": 1, "model": "m"}
+    chunks: list[dict[str, Any]] = []
+    for i, token in enumerate(ids):
+        if i == fail_after:
+            chunks.append({"error": {"message": "engine fell over mid-burst"}})
+            break
+        choice = {
+            "index": 0,
+            "text": "",
+            "token_ids": [token],
+            "logprobs": {"token_logprobs": [-0.25 - i]},
+            "finish_reason": "stop" if i == len(ids) - 1 else None,
+        }
+        chunks.append({**head, "choices": [choice]})
+    data = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks)
+    return data + (b"data: [DONE]\n\n" if fail_after is None else b"")
+
+
+def test_token_steps_sent_together_are_one_delta_and_a_failure_keeps_those_before_it(
+    make_stack: Any, faulty: FaultyEngine, tokenizer: Any
+) -> None:
+    """The same through token-in/token-out capture, whose engine gathers a read's
+    steps itself: one chunk of text for the client, every id and logprob on the
+    record, and the steps before a failure in the same read kept."""
+    words = ["</think>", "one", " two", " three", " four", " five", " six", "<|im_end|>"]
+    ids = [tokenizer.convert_tokens_to_ids(w) for w in words[:1]] + [
+        tokenizer.encode(w, add_special_tokens=False)[0] for w in words[1:]
+    ]
+    stack = make_stack(
+        {"turns": [{"text": "never"}]}, engine_url=faulty.url, capture="token_in_token_out"
+    )
+    sid, key = stack.new_session()
+    sse = "text/event-stream"
+    with httpx.Client(base_url=stack.url, headers=client_headers(key), timeout=30) as client:
+        faulty.reply = Reply(body=_vllm_completions_stream(ids), content_type=sse)
+        chunks = _streamed(client)
+        faulty.reply = Reply(body=_vllm_completions_stream(ids, fail_after=4), content_type=sse)
+        failed = _streamed(client)
+    texts = [
+        c["choices"][0]["delta"]["content"]
+        for c in chunks
+        if c["choices"] and c["choices"][0]["delta"].get("content")
+    ]
+    assert texts == ["one two three four five six"]
+    failed_texts = [c["choices"][0]["delta"].get("content") for c in failed if c.get("choices")]
+    assert "".join(t for t in failed_texts if t) == "one two three"
+    assert "mid-burst" in failed[-1]["error"]["message"]
+    done, broken = stack.records(sid)
+    assert done.status is RecordStatus.COMPLETED
+    assert done.output_ids == tuple(ids)
+    assert done.output_logprobs == tuple(-0.25 - i for i in range(len(ids)))
+    assert broken.status is RecordStatus.FAILED
+    assert broken.error is not None and broken.error.kind is ErrorKind.ENGINE_PROTOCOL
+    assert broken.output_ids == tuple(ids[:4]), "the steps before the failure are kept"

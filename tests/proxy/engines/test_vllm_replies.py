@@ -38,6 +38,7 @@ def test_real_streamed_tool_call_is_read_exactly() -> None:
     events: list[Any] = []
     for sse in _events(raw, []):
         events.extend(reader.feed(sse.data))
+        events.extend(reader.take())  # one step at a time, as if each came on its own
     events.append(reader.finish())
     prompt = [e for e in events if isinstance(e, PromptTokens)]
     deltas = [e for e in events if isinstance(e, Delta)]

@@ -132,12 +132,17 @@ async def read_stream(
     bursts: AsyncGenerator[list[SSEEvent], None],
     read: Callable[[bytes], list[EngineEvent]],
     done: Callable[[], bool] = lambda: False,
+    taken: Callable[[], list[EngineEvent]] | None = None,
 ) -> AsyncGenerator[EngineEvent, None]:
     """A stream's events, ``read`` from each event's data a network read at a
     time, the deltas of one read joined (:func:`polar.ir.joined`). When reading
     fails, the events read before the failure still come out first, so a reply
     that fails mid-burst keeps its earlier steps. Ends after the read in which
-    ``done()`` became true (the engine's end-of-stream marker)."""
+    ``done()`` became true (the engine's end-of-stream marker).
+
+    ``taken``: for a reader that gathers a read's steps itself (``read`` then
+    returns none of them): what it gathered, called at the end of each read
+    (after a failure too), its events following those ``read`` returned."""
     async with contextlib.aclosing(bursts):
         async for burst in bursts:
             events: list[EngineEvent] = []
@@ -147,6 +152,8 @@ async def read_stream(
                     events += read(sse.data)
             except Exception as exc:
                 error = exc
+            if taken is not None:
+                events += taken()
             for event in joined(events):
                 yield event
             if error is not None:

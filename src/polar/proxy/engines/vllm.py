@@ -21,6 +21,7 @@ from polar.ir import (
     FinishReason,
     PromptTokens,
     TokenLogprob,
+    ToolCallDelta,
 )
 from polar.proxy.engines.adapter import CHAT_PATH, CompatChatEngine
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers
@@ -95,7 +96,9 @@ class VllmChatEngine(CompatChatEngine):
     ) -> AsyncGenerator[EngineEvent, None]:
         reader = StreamReader(details=details)
         async for event in read_stream(
-            self._transport.stream_sse(CHAT_PATH, body, headers), reader.feed
+            self._transport.stream_sse(CHAT_PATH, body, headers),
+            reader.feed,
+            taken=reader.take,
         ):
             yield event
         yield reader.finish()
@@ -152,7 +155,12 @@ def parse_reply(reply: Any, *, details: bool = True) -> list[EngineEvent]:
 
 
 class StreamReader:
-    """Turns vLLM chat stream chunks into IR events."""
+    """Turns vLLM chat stream chunks into IR events.
+
+    The steps :meth:`feed` reads are gathered and :meth:`take` hands them on as
+    one delta (a network read's worth: see :func:`~polar.proxy.engines.replies.read_stream`);
+    an event that is not a step comes out of :meth:`feed` after the steps before it.
+    """
 
     def __init__(self, *, details: bool = True) -> None:
         self._details = details
@@ -162,6 +170,13 @@ class StreamReader:
         self._usage: Any = None
         self._completion_tokens = 0
         self._done = False
+        self._ids: list[int] = []
+        self._logprobs: list[float] = []
+        self._detail: list[TokenLogprob] = []
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: list[ToolCallDelta] = []
+        self._pending = False
 
     def feed(self, data: bytes) -> list[EngineEvent]:
         if data == b"[DONE]":
@@ -173,7 +188,7 @@ class StreamReader:
         events: list[EngineEvent] = []
         if chunk.get("prompt_token_ids") is not None and self._prompt is None:
             self._prompt = token_ids(chunk["prompt_token_ids"], "prompt_token_ids")
-            events.append(PromptTokens(self._prompt))
+            events = [*self.take(), PromptTokens(self._prompt)]
         if chunk.get("usage") is not None:
             self._usage = chunk["usage"]
         for choice in optional_array(chunk.get("choices"), "choices"):
@@ -187,20 +202,35 @@ class StreamReader:
             calls = tool_call_deltas(delta.get("tool_calls"))
             if ids or content or reasoning or calls:
                 self._completion_tokens += len(ids)
-                events.append(
-                    Delta(
-                        token_ids=ids,
-                        logprobs=logprobs,
-                        text=content,
-                        reasoning=reasoning,
-                        tool_calls=calls,
-                        details=details,
-                    )
-                )
+                self._ids += ids
+                self._logprobs += logprobs
+                if details:
+                    self._detail += details
+                self._text.append(content)
+                self._reasoning.append(reasoning)
+                self._calls += calls
+                self._pending = True
             if choice.get("finish_reason") is not None:
                 self._finish = finish_reason(choice["finish_reason"])
                 self._matched = stop_reason(choice.get("stop_reason"))
         return events
+
+    def take(self) -> list[EngineEvent]:
+        """The steps fed since the last take, as one delta (none: nothing)."""
+        if not self._pending:
+            return []
+        delta = Delta(
+            token_ids=tuple(self._ids),
+            logprobs=tuple(self._logprobs),
+            text="".join(self._text),
+            reasoning="".join(self._reasoning),
+            tool_calls=tuple(self._calls),
+            details=tuple(self._detail) if self._details else None,
+        )
+        self._ids, self._logprobs, self._detail = [], [], []
+        self._text, self._reasoning, self._calls = [], [], []
+        self._pending = False
+        return [delta]
 
     def finish(self) -> Finish:
         if self._prompt is None:

@@ -56,6 +56,14 @@ def completion_body(request: TokenRequest, *, model: str) -> dict[str, Any]:
 
 
 def _choice_delta(choice: dict[str, Any], *, details: bool) -> Delta:
+    ids, values, detail = _choice_parts(choice, details=details)
+    return Delta(token_ids=ids, logprobs=values, details=detail)
+
+
+def _choice_parts(
+    choice: dict[str, Any], *, details: bool
+) -> tuple[tuple[int, ...], tuple[float, ...], tuple[TokenLogprob, ...] | None]:
+    """A choice's ids, their logprobs and (``details``) per-token detail."""
     ids = token_ids(choice.get("token_ids"), "token_ids")
     logprobs = optional_obj(choice.get("logprobs"), "logprobs")
     values = numbers(optional_array(logprobs.get("token_logprobs"), "token_logprobs"), "a logprob")
@@ -74,7 +82,37 @@ def _choice_delta(choice: dict[str, Any], *, details: bool) -> Delta:
             TokenLogprob(token=token or "", logprob=value, top=() if top is None else _top(top))
             for token, value, top in zip(tokens, values, tops, strict=False)
         )
-    return Delta(token_ids=ids, logprobs=values, details=detail)
+    return ids, values, detail
+
+
+class _Steps:
+    """The sampled steps of one network read, gathered and handed on as one delta
+    (instead of one delta per step, joined afterwards)."""
+
+    def __init__(self, details: bool) -> None:
+        self.details = details
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.detail: list[TokenLogprob] = []
+
+    def add(self, choice: dict[str, Any]) -> int:
+        ids, values, detail = _choice_parts(choice, details=self.details)
+        self.ids += ids
+        self.logprobs += values
+        if detail is not None:
+            self.detail += detail
+        return len(ids)
+
+    def take(self) -> list[EngineEvent]:
+        if not self.ids:
+            return []
+        delta = Delta(
+            token_ids=tuple(self.ids),
+            logprobs=tuple(self.logprobs),
+            details=tuple(self.detail) if self.details else None,
+        )
+        self.ids, self.logprobs, self.detail = [], [], []
+        return [delta]
 
 
 def _top(entry: Any) -> tuple[TopLogprob, ...]:
@@ -142,6 +180,7 @@ class VllmTokenEngine(HttpEngine):
         raw_usage: Any = None
         produced = 0
         done = False
+        steps = _Steps(details)
 
         def read(data: bytes) -> list[EngineEvent]:
             nonlocal done, raw_usage, produced, reason, matched
@@ -153,20 +192,19 @@ class VllmTokenEngine(HttpEngine):
                 raise EngineProtocolError(f"engine failed mid-stream: {error_of(chunk)}")
             if chunk.get("usage") is not None:
                 raw_usage = chunk["usage"]
-            deltas: list[EngineEvent] = []
             for choice in optional_array(chunk.get("choices"), "choices"):
                 choice = obj(choice, "a choice")
-                delta = _choice_delta(choice, details=details)
-                if delta.token_ids:
-                    produced += len(delta.token_ids)
-                    deltas.append(delta)
+                produced += steps.add(choice)
                 if choice.get("finish_reason") is not None:
                     reason = finish_reason(choice["finish_reason"])
                     matched = stop_reason(choice.get("stop_reason"))
-            return deltas
+            return []
 
         async for event in read_stream(
-            self._transport.stream_sse(COMPLETIONS_PATH, body, headers), read, lambda: done
+            self._transport.stream_sse(COMPLETIONS_PATH, body, headers),
+            read,
+            lambda: done,
+            steps.take,
         ):
             yield event
         if reason is None or not done:
