@@ -331,7 +331,7 @@ class GatewayRendered:
             tops = [d.top for d in (event.details or ())[:n]]
             tops += [()] * (n - len(tops))
             details = tuple(
-                TokenLogprob(token=token, logprob=logprob, bytes=tuple(data), top=top)
+                TokenLogprob(token, logprob, tuple(data), top)  # positional: per token
                 for (token, data), logprob, top in zip(
                     map(piece_of, event.token_ids), event.logprobs, tops, strict=True
                 )

@@ -31,7 +31,6 @@ from polar.proxy.engines.replies import (
     count,
     number,
     obj,
-    optional_array,
     optional_obj,
     optional_text,
     text,
@@ -168,11 +167,11 @@ def _detail(entry: Any) -> TokenLogprob:
     if type(value) is not float:
         value = number(value, "a logprob")
     top = entry.get("top_logprobs")
-    return TokenLogprob(
-        token=token,
-        logprob=value,
-        bytes=None if raw is None else _bytes(raw),
-        top=tuple(map(_top, optional_array(top, "top_logprobs"))),
+    return TokenLogprob(  # positional: a few of these per token add up
+        token,
+        value,
+        None if raw is None else _bytes(raw),
+        () if top is None or top == [] else tuple(map(_top, array(top, "top_logprobs"))),
     )
 
 
