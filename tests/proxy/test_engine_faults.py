@@ -237,23 +237,37 @@ def test_steps_an_engine_sent_together_reach_the_client_together_and_the_record_
             body=_vllm_chat_stream(tokenizer, words, fail_after=3), content_type=sse
         )
         failed = _streamed(client)
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    _one_chunk_then_kept(stack.records(sid), chunks, failed, ids, "".join(words), kept=3)
+
+
+def _one_chunk_then_kept(
+    records: list[Any],
+    chunks: list[dict[str, Any]],
+    failed: list[dict[str, Any]],
+    ids: list[int],
+    text: str,
+    *,
+    kept: int,
+) -> None:
+    """A burst reached the client as one chunk of ``text`` and its record whole;
+    the burst that failed after ``kept`` steps kept those, for client and record."""
     texts = [
         c["choices"][0]["delta"]["content"]
         for c in chunks
         if c["choices"] and c["choices"][0]["delta"].get("content")
     ]
-    assert texts == ["".join(words)]
-    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    assert texts == [text]
     failed_texts = [c["choices"][0]["delta"].get("content") for c in failed if c.get("choices")]
     assert "".join(t for t in failed_texts if t) == "one two three"
     assert "mid-burst" in failed[-1]["error"]["message"]
-    done, broken = stack.records(sid)
+    done, broken = records
     assert done.status is RecordStatus.COMPLETED
     assert done.output_ids == tuple(ids)
-    assert done.output_logprobs == tuple(-0.25 - i for i in range(8))
+    assert done.output_logprobs == tuple(-0.25 - i for i in range(len(ids)))
     assert broken.status is RecordStatus.FAILED
     assert broken.error is not None and broken.error.kind is ErrorKind.ENGINE_PROTOCOL
-    assert broken.output_ids == tuple(ids[:3]), "the steps before the failure are kept"
+    assert broken.output_ids == tuple(ids[:kept]), "the steps before the failure are kept"
 
 
 def _vllm_completions_stream(ids: list[int], *, fail_after: int | None = None) -> bytes:
@@ -297,19 +311,6 @@ def test_token_steps_sent_together_are_one_delta_and_a_failure_keeps_those_befor
         chunks = _streamed(client)
         faulty.reply = Reply(body=_vllm_completions_stream(ids, fail_after=4), content_type=sse)
         failed = _streamed(client)
-    texts = [
-        c["choices"][0]["delta"]["content"]
-        for c in chunks
-        if c["choices"] and c["choices"][0]["delta"].get("content")
-    ]
-    assert texts == ["one two three four five six"]
-    failed_texts = [c["choices"][0]["delta"].get("content") for c in failed if c.get("choices")]
-    assert "".join(t for t in failed_texts if t) == "one two three"
-    assert "mid-burst" in failed[-1]["error"]["message"]
-    done, broken = stack.records(sid)
-    assert done.status is RecordStatus.COMPLETED
-    assert done.output_ids == tuple(ids)
-    assert done.output_logprobs == tuple(-0.25 - i for i in range(len(ids)))
-    assert broken.status is RecordStatus.FAILED
-    assert broken.error is not None and broken.error.kind is ErrorKind.ENGINE_PROTOCOL
-    assert broken.output_ids == tuple(ids[:4]), "the steps before the failure are kept"
+    _one_chunk_then_kept(
+        stack.records(sid), chunks, failed, ids, "one two three four five six", kept=4
+    )

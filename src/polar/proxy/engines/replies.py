@@ -17,7 +17,7 @@ from typing import Any, ParamSpec
 
 import orjson
 
-from polar.ir import EngineEvent, joined
+from polar.ir import Delta, EngineEvent, TokenLogprob, ToolCallDelta, joined
 from polar.ir.tokenids import pack
 from polar.proxy.engines.transport import SSEEvent
 from polar.proxy.errors import EngineError, EngineProtocolError
@@ -126,6 +126,60 @@ def error_of(doc: Mapping[str, Any]) -> str:
     error = doc.get("error")
     message = error.get("message") if isinstance(error, dict) else error
     return brief(message) if not isinstance(message, str) else message[:500]
+
+
+class Steps:
+    """Sampled steps gathered as a stream is read, handed on as one delta by
+    :meth:`take` (a network read's worth: ``read_stream``'s ``taken``), instead
+    of one delta per step joined afterwards."""
+
+    def __init__(self, details: bool) -> None:
+        """``details``: the deltas carry per-token detail (each step gives it)."""
+        self._details = details
+        self._any = False
+        self._ids: list[int] = []
+        self._logprobs: list[float] = []
+        self._detail: list[TokenLogprob] = []
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: list[ToolCallDelta] = []
+
+    def add(
+        self,
+        ids: tuple[int, ...],
+        logprobs: tuple[float, ...],
+        detail: tuple[TokenLogprob, ...] | None,
+        text: str = "",
+        reasoning: str = "",
+        calls: tuple[ToolCallDelta, ...] = (),
+    ) -> None:
+        self._any = True
+        self._ids += ids
+        self._logprobs += logprobs
+        if detail:
+            self._detail += detail
+        if text:
+            self._text.append(text)
+        if reasoning:
+            self._reasoning.append(reasoning)
+        self._calls += calls
+
+    def take(self) -> list[EngineEvent]:
+        """What was added since the last take, as one delta (nothing: none)."""
+        if not self._any:
+            return []
+        delta = Delta(
+            token_ids=tuple(self._ids),
+            logprobs=tuple(self._logprobs),
+            text="".join(self._text),
+            reasoning="".join(self._reasoning),
+            tool_calls=tuple(self._calls),
+            details=tuple(self._detail) if self._details else None,
+        )
+        self._any = False
+        self._ids, self._logprobs, self._detail = [], [], []
+        self._text, self._reasoning, self._calls = [], [], []
+        return [delta]
 
 
 async def read_stream(

@@ -15,13 +15,11 @@ from typing import Any
 
 from polar.ir import (
     ChatRequest,
-    Delta,
     EngineEvent,
     Finish,
     FinishReason,
     PromptTokens,
     TokenLogprob,
-    ToolCallDelta,
 )
 from polar.proxy.engines.adapter import CHAT_PATH, CompatChatEngine
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers
@@ -33,6 +31,7 @@ from polar.proxy.engines.openai_compat import (
     usage,
 )
 from polar.proxy.engines.replies import (
+    Steps,
     array,
     error_of,
     guarded,
@@ -170,13 +169,7 @@ class StreamReader:
         self._usage: Any = None
         self._completion_tokens = 0
         self._done = False
-        self._ids: list[int] = []
-        self._logprobs: list[float] = []
-        self._detail: list[TokenLogprob] = []
-        self._text: list[str] = []
-        self._reasoning: list[str] = []
-        self._calls: list[ToolCallDelta] = []
-        self._pending = False
+        self._steps = Steps(details)
 
     def feed(self, data: bytes) -> list[EngineEvent]:
         if data == b"[DONE]":
@@ -202,14 +195,7 @@ class StreamReader:
             calls = tool_call_deltas(delta.get("tool_calls"))
             if ids or content or reasoning or calls:
                 self._completion_tokens += len(ids)
-                self._ids += ids
-                self._logprobs += logprobs
-                if details:
-                    self._detail += details
-                self._text.append(content)
-                self._reasoning.append(reasoning)
-                self._calls += calls
-                self._pending = True
+                self._steps.add(ids, logprobs, details, content, reasoning, calls)
             if choice.get("finish_reason") is not None:
                 self._finish = finish_reason(choice["finish_reason"])
                 self._matched = stop_reason(choice.get("stop_reason"))
@@ -217,20 +203,7 @@ class StreamReader:
 
     def take(self) -> list[EngineEvent]:
         """The steps fed since the last take, as one delta (none: nothing)."""
-        if not self._pending:
-            return []
-        delta = Delta(
-            token_ids=tuple(self._ids),
-            logprobs=tuple(self._logprobs),
-            text="".join(self._text),
-            reasoning="".join(self._reasoning),
-            tool_calls=tuple(self._calls),
-            details=tuple(self._detail) if self._details else None,
-        )
-        self._ids, self._logprobs, self._detail = [], [], []
-        self._text, self._reasoning, self._calls = [], [], []
-        self._pending = False
-        return [delta]
+        return self._steps.take()
 
     def finish(self) -> Finish:
         if self._prompt is None:

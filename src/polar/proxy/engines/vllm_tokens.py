@@ -17,6 +17,7 @@ from polar.proxy.engines.adapter import HttpEngine
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers, TokenRequest
 from polar.proxy.engines.openai_compat import finish_reason, usage
 from polar.proxy.engines.replies import (
+    Steps,
     array,
     error_of,
     guarded,
@@ -85,36 +86,6 @@ def _choice_parts(
     return ids, values, detail
 
 
-class _Steps:
-    """The sampled steps of one network read, gathered and handed on as one delta
-    (instead of one delta per step, joined afterwards)."""
-
-    def __init__(self, details: bool) -> None:
-        self.details = details
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.detail: list[TokenLogprob] = []
-
-    def add(self, choice: dict[str, Any]) -> int:
-        ids, values, detail = _choice_parts(choice, details=self.details)
-        self.ids += ids
-        self.logprobs += values
-        if detail is not None:
-            self.detail += detail
-        return len(ids)
-
-    def take(self) -> list[EngineEvent]:
-        if not self.ids:
-            return []
-        delta = Delta(
-            token_ids=tuple(self.ids),
-            logprobs=tuple(self.logprobs),
-            details=tuple(self.detail) if self.details else None,
-        )
-        self.ids, self.logprobs, self.detail = [], [], []
-        return [delta]
-
-
 def _top(entry: Any) -> tuple[TopLogprob, ...]:
     return tuple(
         TopLogprob(token=str(k), logprob=number(v, "a top logprob"))
@@ -180,7 +151,7 @@ class VllmTokenEngine(HttpEngine):
         raw_usage: Any = None
         produced = 0
         done = False
-        steps = _Steps(details)
+        steps = Steps(details)
 
         def read(data: bytes) -> list[EngineEvent]:
             nonlocal done, raw_usage, produced, reason, matched
@@ -194,7 +165,9 @@ class VllmTokenEngine(HttpEngine):
                 raw_usage = chunk["usage"]
             for choice in optional_array(chunk.get("choices"), "choices"):
                 choice = obj(choice, "a choice")
-                produced += steps.add(choice)
+                ids, values, detail = _choice_parts(choice, details=details)
+                steps.add(ids, values, detail)
+                produced += len(ids)
                 if choice.get("finish_reason") is not None:
                     reason = finish_reason(choice["finish_reason"])
                     matched = stop_reason(choice.get("stop_reason"))
