@@ -372,22 +372,34 @@ def main(
                 ]
                 if capture == "engine_rendered" and litellm is not None and "cpu" in parts:
                     gateways.append(stack.enter_context(_litellm(litellm, engine_port, workdir)))
+                failed: dict[str, str] = {}  # LiteLLM, when it failed a call: why
                 for size in (sizes or ["small", "agent"]) if "cpu" in parts else ():
                     for stream in (False, True):
                         runs: list[list[float]] = [[] for _ in gateways]
                         for b in range(batches):
                             for k, g in enumerate(gateways):
+                                if g.name in failed:
+                                    continue
                                 seed = 10_000 * k + 100 * b
-                                runs[k].append(_cpu_per_1000(g, size, stream, system, seed))
-                        figures = [statistics.median(r) for r in runs]
+                                try:
+                                    runs[k].append(_cpu_per_1000(g, size, stream, system, seed))
+                                except (OSError, asyncio.IncompleteReadError) as exc:
+                                    if not isinstance(g, LiteLLM):
+                                        raise
+                                    # The comparison's own failure does not end the run.
+                                    failed[g.name] = f"{type(exc).__name__}: {exc}"[:200]
+                                    print(f"  {g.name} failed a call, left out: {failed[g.name]}")
+                        figures = [statistics.median(r) if r else None for r in runs]
                         row = "  ".join(
-                            f"{g.name} {f:7.2f}" for g, f in zip(gateways, figures, strict=True)
+                            f"{g.name} {f:7.2f}" if f is not None else f"{g.name}  failed"
+                            for g, f in zip(gateways, figures, strict=True)
                         )
                         this = figures[[g.name for g in gateways].index("this")]
+                        assert this is not None
                         ratio = "".join(
                             f"  ({g.name}/this {f / this:.2f}x)"
                             for g, f in zip(gateways, figures, strict=True)
-                            if g.name != "this"
+                            if g.name != "this" and f is not None
                         )
                         print(
                             f"{capture:<19} {size:<6} {'stream' if stream else 'whole':<7} "
