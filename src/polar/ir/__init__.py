@@ -15,7 +15,6 @@ from polar.ir.completion import (
     ToolCallDelta,
     TopLogprob,
     Usage,
-    joined,
 )
 from polar.ir.messages import (
     ChatRequest,
@@ -89,5 +88,4 @@ __all__ = [
     "ToolSpec",
     "TopLogprob",
     "Usage",
-    "joined",
 ]

@@ -9,7 +9,6 @@ when the engine ended the turn normally.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -106,51 +105,6 @@ class Finish:
 
 
 EngineEvent = PromptTokens | Delta | Finish
-
-
-def joined(events: list[EngineEvent]) -> list[EngineEvent]:
-    """The same events with each run of adjacent deltas joined into one (ids,
-    logprobs, text, reasoning, tool-call pieces and details concatenated in
-    order); prompt ids and the finish stay where they are.
-
-    Engines join what one network read brought: an engine under load sends
-    several steps at once, and every layer above (parse, record, encode, write)
-    then handles them in one pass instead of one per step. Nothing waits for
-    more to arrive, so no delta is held back. Deltas with per-token detail are
-    not joined to deltas without (the detail would stop being parallel to the ids).
-    """
-    if len(events) < 2:
-        return events
-    out: list[EngineEvent] = []
-    run: list[Delta] = []
-    for event in events:
-        if isinstance(event, Delta):
-            if run and (run[0].details is None) != (event.details is None):
-                out.append(_join(run))
-                run = []
-            run.append(event)
-            continue
-        if run:
-            out.append(_join(run))
-            run = []
-        out.append(event)
-    if run:
-        out.append(_join(run))
-    return out
-
-
-def _join(run: list[Delta]) -> Delta:
-    if len(run) == 1:
-        return run[0]
-    chain = itertools.chain.from_iterable
-    return Delta(
-        token_ids=tuple(chain(d.token_ids for d in run)),
-        logprobs=tuple(chain(d.logprobs for d in run)),
-        text="".join([d.text for d in run]),
-        reasoning="".join([d.reasoning for d in run]),
-        tool_calls=tuple(chain(d.tool_calls for d in run)),
-        details=(None if run[0].details is None else tuple(chain(d.details or () for d in run))),
-    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from typing import Any, ParamSpec
 
 import orjson
 
-from polar.ir import Delta, EngineEvent, TokenLogprob, ToolCallDelta, joined
+from polar.ir import Delta, EngineEvent, TokenLogprob, ToolCallDelta
 from polar.ir.tokenids import pack
 from polar.proxy.engines.transport import SSEEvent
 from polar.proxy.errors import EngineError, EngineProtocolError
@@ -130,8 +130,7 @@ def error_of(doc: Mapping[str, Any]) -> str:
 
 class Steps:
     """Sampled steps gathered as a stream is read, handed on as one delta by
-    :meth:`take` (a network read's worth: ``read_stream``'s ``taken``), instead
-    of one delta per step joined afterwards."""
+    :meth:`take` (a network read's worth: see :func:`read_stream`)."""
 
     def __init__(self, details: bool) -> None:
         """``details``: the deltas carry per-token detail (each step gives it)."""
@@ -185,18 +184,19 @@ class Steps:
 async def read_stream(
     bursts: AsyncGenerator[list[SSEEvent], None],
     read: Callable[[bytes], list[EngineEvent]],
-    done: Callable[[], bool] = lambda: False,
-    taken: Callable[[], list[EngineEvent]] | None = None,
+    done: Callable[[], bool],
+    take: Callable[[], list[EngineEvent]],
 ) -> AsyncGenerator[EngineEvent, None]:
-    """A stream's events, ``read`` from each event's data a network read at a
-    time, the deltas of one read joined (:func:`polar.ir.joined`). When reading
-    fails, the events read before the failure still come out first, so a reply
-    that fails mid-burst keeps its earlier steps. Ends after the read in which
-    ``done()`` became true (the engine's end-of-stream marker).
+    """A stream's events, a network read at a time: ``read`` takes each event's
+    data and gathers its sampled steps (a :class:`Steps`), returning only the
+    events that are not steps; ``take`` then hands on the read's steps as one
+    delta, so every layer above (parse, record, encode, write) handles a burst
+    in one pass and nothing waits for more to arrive.
 
-    ``taken``: for a reader that gathers a read's steps itself (``read`` then
-    returns none of them): what it gathered, called at the end of each read
-    (after a failure too), its events following those ``read`` returned."""
+    When reading fails, what was read before the failure still comes out first
+    (``take`` is called after a failure too), so a reply that fails mid-burst
+    keeps its earlier steps. Ends after the read in which ``done()`` became true
+    (the engine's end-of-stream marker)."""
     async with contextlib.aclosing(bursts):
         async for burst in bursts:
             events: list[EngineEvent] = []
@@ -206,9 +206,8 @@ async def read_stream(
                     events += read(sse.data)
             except Exception as exc:
                 error = exc
-            if taken is not None:
-                events += taken()
-            for event in joined(events):
+            events += take()
+            for event in events:
                 yield event
             if error is not None:
                 raise error

@@ -21,6 +21,7 @@ from polar.proxy.engines.adapter import HttpEngine
 from polar.proxy.engines.base import NO_HEADERS, EngineCall, Headers, TokenRequest
 from polar.proxy.engines.openai_compat import finish_reason
 from polar.proxy.engines.replies import (
+    Steps,
     array,
     count,
     error_of,
@@ -78,6 +79,7 @@ class SglangTokenEngine(HttpEngine):
         tops = body["top_logprobs_num"] > 0
         if body["stream"]:
             done = False
+            steps = Steps(tops)
 
             def read(data: bytes) -> list[EngineEvent]:
                 nonlocal done, meta, sent
@@ -88,18 +90,25 @@ class SglangTokenEngine(HttpEngine):
                 if "error" in chunk:
                     raise EngineProtocolError(f"SGLang failed mid-stream: {error_of(chunk)}")
                 meta = optional_obj(chunk.get("meta_info"), "meta_info")
-                delta, sent = _new_part(chunk, meta, sent, tops)
-                return [delta] if delta.token_ids else []
+                ids, logprobs, details = _new_part(chunk, meta, sent, tops)
+                if ids:
+                    steps.add(ids, logprobs, details)
+                    sent += len(ids)
+                return []
 
             async for event in read_stream(
-                self._transport.stream_sse(GENERATE_PATH, body, headers), read, lambda: done
+                self._transport.stream_sse(GENERATE_PATH, body, headers),
+                read,
+                lambda: done,
+                steps.take,
             ):
                 yield event
         else:
             reply = obj(await self._transport.post_json(GENERATE_PATH, body, headers), "a reply")
             meta = optional_obj(reply.get("meta_info"), "meta_info")
-            delta, sent = _new_part(reply, meta, 0, tops)
-            yield delta
+            ids, logprobs, details = _new_part(reply, meta, 0, tops)
+            sent = len(ids)
+            yield Delta(token_ids=ids, logprobs=logprobs, details=details)
         reason = meta.get("finish_reason")
         if not reason:
             raise EngineProtocolError("SGLang output ended without a finish_reason")
@@ -119,7 +128,7 @@ class SglangTokenEngine(HttpEngine):
 
 def _new_part(
     chunk: dict[str, Any], meta: dict[str, Any], sent: int, tops: bool
-) -> tuple[Delta, int]:
+) -> tuple[tuple[int, ...], tuple[float, ...], tuple[TokenLogprob, ...] | None]:
     """The ids and logprobs not yet passed on, whether chunks are cumulative or not;
     ``tops``: with each token's alternatives (``output_top_logprobs``)."""
     ids = list(token_ids(chunk.get("output_ids"), "output_ids"))
@@ -151,10 +160,7 @@ def _new_part(
             TokenLogprob(token="", logprob=value, top=_alternatives(entry))
             for value, entry in zip(logprobs, alternatives, strict=True)
         )
-    return (
-        Delta(token_ids=tuple(ids), logprobs=logprobs, details=details),
-        sent + len(ids),
-    )
+    return tuple(ids), logprobs, details
 
 
 def _alternatives(entry: Any) -> tuple[TopLogprob, ...]:

@@ -201,7 +201,8 @@ class EngineTransport:
     ) -> AsyncGenerator[list[SSEEvent], None]:
         """POST a JSON body and yield the reply's server-sent events as they
         arrive, a list of those one network read completed at a time (an engine
-        under load sends several steps at once; see :func:`polar.ir.joined`).
+        under load sends several steps at once; see
+        :func:`polar.proxy.engines.replies.read_stream`).
 
         An HTTP error status is raised before the first event. Closing the
         iterator early closes the connection, which makes vLLM and SGLang

@@ -97,7 +97,8 @@ class VllmChatEngine(CompatChatEngine):
         async for event in read_stream(
             self._transport.stream_sse(CHAT_PATH, body, headers),
             reader.feed,
-            taken=reader.take,
+            reader.done,
+            reader.take,
         ):
             yield event
         yield reader.finish()
@@ -204,6 +205,10 @@ class StreamReader:
     def take(self) -> list[EngineEvent]:
         """The steps fed since the last take, as one delta (none: nothing)."""
         return self._steps.take()
+
+    def done(self) -> bool:
+        """The engine sent its end-of-stream marker."""
+        return self._done
 
     def finish(self) -> Finish:
         if self._prompt is None:
