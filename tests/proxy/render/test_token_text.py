@@ -25,14 +25,21 @@ def test_ids_past_the_vocabulary_decode_to_nothing(tokenizer: Any) -> None:
 
 
 def test_long_texts_encode_to_the_same_ids_without_holding_the_gil(tokenizer: Any) -> None:
-    """Past 32 KB the text is encoded with ``encode_batch`` (which releases the
-    GIL); the ids must be exactly those of ``encode``."""
+    """Past 32 KB the text is encoded with ``encode_batch_fast`` (which releases
+    the GIL and skips character offsets); the ids must be exactly those of ``encode``."""
     text = TokenText(tokenizer)
     long = "<|im_start|>user\n" + "déjà vu, 42 tokens\tand\n" * 4000 + "<|im_end|>"
     assert len(long) > 32 << 10
     assert (
         text.encode(long) == tokenizer.backend_tokenizer.encode(long, add_special_tokens=False).ids
     )
+    for seed in range(10):  # added tokens, their fragments, combining marks, emoji
+        rng = random.Random(seed)
+        mixed = "".join(_prompt(rng) for _ in range(4))
+        while len(mixed) <= 32 << 10:
+            mixed += _prompt(rng)
+        want = tokenizer.backend_tokenizer.encode(mixed, add_special_tokens=False).ids
+        assert text.encode(mixed) == want, f"seed {seed}"
 
 
 _PIECES = [
