@@ -34,6 +34,7 @@ import asyncio
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -347,11 +348,24 @@ def _pct(values: list[float], q: float) -> float:
 # ---------------------------------------------------------------- main
 
 
-def _wait(url_port: int, path: str = "/health", timeout: float = 60) -> None:
+def _wait(
+    url_port: int,
+    path: str = "/health",
+    timeout: float = 60,
+    process: subprocess.Popen[bytes] | None = None,
+) -> None:
+    """Until the server on ``url_port`` answers ``path``; ``process``: the
+    server's, so that one that exits during start-up (a bad flag, say) ends
+    the wait at once, with its exit code, instead of after ``timeout``."""
     import urllib.request
 
     deadline = time.time() + timeout
     while time.time() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(
+                f"{shlex.join(map(str, process.args))} exited with {process.returncode} "
+                f"before serving on port {url_port}"
+            )
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{url_port}{path}", timeout=1):
                 return
@@ -534,7 +548,7 @@ def main() -> None:
         cwd=ROOT,
     )  # fmt: skip
     try:
-        _wait(gw_port)
+        _wait(gw_port, process=gateway)
         keys = [_admin(gw_port, "POST", "/admin/sessions")["api_key"] for _ in range(max(levels))]
         print(
             f"cores={os.cpu_count()}, {OUTPUT_TOKENS} output tokens per call, "

@@ -132,7 +132,7 @@ def _litellm(binary: Path, engine_port: int, workdir: Path) -> Iterator[Gateway]
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        _wait(port, "/health/liveliness", timeout=300)
+        _wait(port, "/health/liveliness", timeout=300, process=process)
         yield LiteLLM("litellm", port, process)
     finally:
         process.terminate()
@@ -164,7 +164,9 @@ def _gateway(
         env=env,
     )  # fmt: skip
     try:
-        _wait(port, timeout=300)  # start-up loads the tokenizer: slow on a loaded machine
+        _wait(
+            port, timeout=300, process=process
+        )  # start-up loads the tokenizer: slow on a loaded machine
         yield Gateway(name, port, process)
     finally:
         process.terminate()
@@ -349,7 +351,7 @@ def main(
     if baseline is not None:
         variants.insert(0, ("baseline", baseline))
     try:
-        _wait(engine_port, "/")
+        _wait(engine_port, "/", process=engine)
         print(
             f"cores={os.cpu_count()}; gateway CPU-seconds per 1,000 calls (its own user+system "
             f"time), median of {batches} batches taken in turns; small: 64 sessions x 8 calls; "

@@ -51,7 +51,7 @@ class Target:
     """The processes that serve calls (asked once: asking costs the router CPU)."""
 
     def ready(self, sessions: int) -> None:
-        _wait(self.port, timeout=600)
+        _wait(self.port, timeout=600, process=self.process)
         self.keys = [_new_key(self.port) for _ in range(sessions)]
         if self.routed:
             self.pids = [w["pid"] for w in _get(self.port, "/health")["workers"]]
