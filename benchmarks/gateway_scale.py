@@ -164,9 +164,8 @@ def _gateway(
         env=env,
     )  # fmt: skip
     try:
-        _wait(
-            port, timeout=300, process=process
-        )  # start-up loads the tokenizer: slow on a loaded machine
+        # Start-up loads the tokenizer: slow on a loaded machine.
+        _wait(port, timeout=300, process=process)
         yield Gateway(name, port, process)
     finally:
         process.terminate()
