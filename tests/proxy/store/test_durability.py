@@ -9,9 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -218,31 +216,35 @@ class sqlite_check:
 
 
 def test_a_stalled_writer_times_out_its_callers_and_a_cancelled_wait_still_writes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
+    """The writer stalls on the real thing: another connection holds SQLite's
+    write lock. The event loop does not wait for it (its writes go to the
+    writer's thread, which does); callers time out, and a cancelled caller's
+    write still commits, in order, once the lock is free."""
+    import sqlite3
+
     store = SqliteStore(tmp_path / "r.db", write_timeout_s=0.3)
     store.open()
-    assert store._writer is not None
-    stalled = threading.Event()
-    apply = store._writer._apply_batch
+    other = sqlite3.connect(tmp_path / "r.db", isolation_level=None)
 
-    def slow(ops: list[Any]) -> list[BaseException | None]:
-        stalled.wait(10)
-        return apply(ops)
-
-    async def go() -> tuple[BaseException | None, BaseException | None]:
+    async def go() -> tuple[BaseException | None, BaseException | None, float]:
         await store.insert_session(SESSION)
-        monkeypatch.setattr(store._writer, "_apply_batch", slow)
+        other.execute("BEGIN IMMEDIATE")
         waiting = asyncio.create_task(store.begin(call(1)))
+        started = asyncio.get_running_loop().time()
         await asyncio.sleep(0.05)
+        loop_waited = asyncio.get_running_loop().time() - started
         waiting.cancel()  # its caller stops waiting; the write stays queued
         cancelled = await asyncio.gather(waiting, return_exceptions=True)
         timed_out = await asyncio.gather(store.begin(call(2)), return_exceptions=True)
-        stalled.set()
+        other.execute("ROLLBACK")
         await store.begin(call(3))  # committed after 1 and 2: the writer is in order
-        return timed_out[0], cancelled[0]
+        return timed_out[0], cancelled[0], loop_waited
 
-    timed_out, cancelled = asyncio.run(go())
+    timed_out, cancelled, loop_waited = asyncio.run(go())
+    other.close()
+    assert loop_waited < 1.0, "the event loop never waits for the write lock"
     assert isinstance(timed_out, StoreError)
     assert "did not commit within 0.3 s" in str(timed_out)
     assert isinstance(cancelled, asyncio.CancelledError)

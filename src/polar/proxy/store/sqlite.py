@@ -25,10 +25,14 @@ With ``synchronous="normal"`` (the default; WAL mode) commits survive a crash
 or ``kill -9`` of the gateway process; a power cut or kernel crash can lose the
 last transactions. ``"full"`` fsyncs every commit and survives those too.
 
-Cost: concurrent writes share one transaction per wake-up of the writer
-(group commit), so the dispatch row costs less than a second commit per call,
-and the outcome is written by the rowid the writer kept from the begin (one
-UPDATE, no lookup).
+Cost: the writes of one event-loop turn share one transaction (group commit),
+so the dispatch row costs less than a second commit per call, and the outcome
+is written by the rowid the writer kept from the begin (one UPDATE, no lookup).
+With ``synchronous="normal"`` and one process writing, the loop commits its
+turn's transaction itself at the turn's end when SQLite's write lock is free
+(a commit there writes the WAL and flushes nothing; the writer's thread takes
+the batches that would wait, and the WAL checkpoints): no thread hand-over per
+write. ``"full"`` and a gateway group's workers always commit on the thread.
 ``benchmarks/reliability.py store`` measures begin + finish against one append
 per call, side by side in one run, at several concurrency levels.
 
@@ -181,8 +185,17 @@ class SqliteStore:
             if isinstance(exc, StoreError):
                 raise
             raise StoreError(f"{self.path}: not a usable record store ({exc})") from exc
+        checkpoint = None
+        if self._synchronous == "NORMAL" and not self._member:
+            # The only writer, and commits that do not flush: the event loop can
+            # commit its own writes (see polar.proxy.store.writer).
+            conn.execute("PRAGMA busy_timeout=0")
+            checkpoint = self._connect()
         self._writer = Writer(
-            conn, delta_window=self._delta_window, delta_budget=self._delta_budget
+            conn,
+            delta_window=self._delta_window,
+            delta_budget=self._delta_budget,
+            checkpoint=checkpoint,
         )
 
     def _recover(self, conn: sqlite3.Connection) -> int:
@@ -371,7 +384,7 @@ class SqliteStore:
 
     def _send_held(self, writer: Writer, loop: asyncio.AbstractEventLoop) -> None:
         turn = self._held.pop(loop, None)
-        if turn is not None:
+        if turn is not None and not writer.apply_now(turn.items):
             writer.put(turn.items)
             turn.start_timer(loop)
 

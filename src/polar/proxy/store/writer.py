@@ -1,11 +1,32 @@
-"""The record store's writer: one thread, one connection, group commit.
+"""The record store's writer: one connection, group commit, on the event loop
+when that needs no waiting and on its own thread when it does.
 
-Every write is an operation put on a queue; the thread takes whatever is
-queued (up to 512 operations) and applies it in one transaction, so the cost
-of a commit is shared by every call that arrived meanwhile. When a batch fails
-its operations are retried one per transaction, so a bad operation fails alone.
+Every write is an operation; the operations of one event-loop turn are applied
+together in one transaction, so the cost of a commit is shared by every call
+that arrived meanwhile. When a batch fails its operations are retried one per
+transaction, so a bad operation fails alone.
 
-The thread never dies of an operation: any exception (a value SQLite cannot
+Where a turn's batch is applied (``inline`` writers: ``synchronous=normal`` and
+the only process writing the file):
+
+* **On the event loop, at the end of the turn**, when nothing is queued for the
+  thread and SQLite's write lock is free (``BEGIN IMMEDIATE`` without a busy
+  wait). A commit with ``synchronous=normal`` is a write into the WAL, not a
+  disk flush, so this costs the loop what the transaction costs and saves the
+  thread's wake-up, the hand-over of the GIL and the wake-up of the loop to
+  settle the callers (measured in ``benchmarks/gateway.py --scale``).
+* **On the thread** otherwise: while it still has batches (so batches commit
+  in the order they were made), while another connection holds the write lock
+  (the thread waits for it, the loop does not), and always for a writer that
+  is not ``inline`` (``synchronous=full`` flushes the disk at every commit; the
+  workers of a gateway group wait on each other's write lock).
+
+WAL checkpoints (the only disk flushes with ``synchronous=normal``) are the
+thread's, on a connection of its own, so the loop never waits for the disk:
+an ``inline`` writer turns SQLite's automatic checkpoint off and the thread
+checkpoints every ``CHECKPOINT_COMMITS`` commits or ``CHECKPOINT_S`` seconds.
+
+The writer never dies of an operation: any exception (a value SQLite cannot
 store, a body that cannot be serialised, a bug) becomes that operation's
 outcome and a one-line log naming it; an outcome that cannot be stored marks
 its row ``failed`` with the reason instead. Should the thread end anyway,
@@ -13,7 +34,8 @@ everything still queued is failed at once and :meth:`Writer.state` says so.
 
 In-memory caches (known blobs, prompt bases, list memos) are updated only after
 a commit, so a rolled-back write never leaves a reference to rows that are not
-there.
+there. The loop and the thread never use the connection or the caches at the
+same time: whoever applies a batch holds ``_using``.
 """
 
 from __future__ import annotations
@@ -37,6 +59,9 @@ from polar.proxy.store.rows import OUTCOME_COLUMNS, dumps, error_json, outcome_v
 _log = logging.getLogger(__name__)
 
 BATCH = 512
+CHECKPOINT_COMMITS = 256
+CHECKPOINT_S = 0.5
+_BUSY_WAIT_MS = 10_000
 
 
 class StoreError(Exception):
@@ -191,11 +216,34 @@ Item = tuple[Op, "asyncio.Future[None] | None", "asyncio.AbstractEventLoop | Non
 
 
 class Writer:
-    """Owns the write connection; :meth:`put` queues, the thread applies."""
+    """Owns the write connection: :meth:`apply_now` applies on the caller's
+    thread when it can without waiting, :meth:`put` queues for the thread.
 
-    def __init__(self, conn: sqlite3.Connection, *, delta_window: int, delta_budget: int) -> None:
+    ``checkpoint``: a second connection to the file, for the thread's WAL
+    checkpoints; given, the writer is ``inline`` (see the module's text) and
+    ``conn`` must not wait for SQLite's write lock (``busy_timeout`` 0)."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        delta_window: int,
+        delta_budget: int,
+        checkpoint: sqlite3.Connection | None = None,
+    ) -> None:
         self._conn = conn
+        self._checkpoint_conn = checkpoint
+        if checkpoint is not None:
+            conn.execute("PRAGMA wal_autocheckpoint=0")
         self._queue: queue.SimpleQueue[list[Item] | None] = queue.SimpleQueue()  # None: stop
+        # Held by whoever applies a batch (the loop or the thread).
+        self._using = threading.Lock()
+        # Batches put for the thread and not yet applied (changed under _counting).
+        self._counting = threading.Lock()
+        self._outstanding = 0
+        self._commits = 0
+        self._checkpointed = 0
+        self._checkpoint_asked = False
         self._bases = DeltaBases(delta_window, delta_budget)
         self._known_blobs: OrderedDict[bytes, None] = OrderedDict()
         # Per (session, body kind): the lists of its last stored request body.
@@ -217,7 +265,49 @@ class Writer:
 
     def put(self, items: list[Item]) -> None:
         """Queue ``items`` (the writes of one event-loop turn: one wake-up of the thread)."""
+        if not items:
+            return
+        with self._counting:
+            self._outstanding += 1
         self._queue.put(items)
+
+    def apply_now(self, items: list[Item]) -> bool:
+        """Apply ``items`` here, on the calling event loop's thread, and settle
+        their futures, if that needs no waiting; else change nothing and return
+        False (the caller puts them for the thread)."""
+        if self._checkpoint_conn is None or not self._using.acquire(blocking=False):
+            return False
+        try:
+            if self._outstanding:
+                return False  # the thread's batches commit first
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error:
+                # Another connection writes (the thread waits for it), or the store
+                # fails: the thread applies the batch and reports what happened.
+                return False
+            try:
+                outcomes = self._apply_batch([op for op, _, _ in items], begun=True)
+            except Exception as exc:  # a bug here must not reach the event loop
+                _log.error("record store: a batch failed outright: %s", describe(exc))
+                outcomes = [exc for _ in items]
+                with contextlib.suppress(sqlite3.Error):
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+        finally:
+            self._using.release()
+        settlements: list[Settlement] = []
+        for (op, future, _), outcome in zip(items, outcomes, strict=True):
+            if outcome is not None:
+                self._failed_ops += 1
+                _log.error("record store: %s failed: %s", label(op), describe(outcome))
+            if future is not None:
+                settlements.append((future, outcome))
+        _settle_all(settlements)
+        if self._commits - self._checkpointed >= CHECKPOINT_COMMITS and not self._checkpoint_asked:
+            self._checkpoint_asked = True
+            self._queue.put([])  # wakes the thread; an empty batch is no work
+        return True
 
     @property
     def alive(self) -> bool:
@@ -236,16 +326,23 @@ class Writer:
         self._queue.put(None)
         self._thread.join()
         self._conn.close()
+        if self._checkpoint_conn is not None:
+            self._checkpoint_conn.close()
 
     # ---------------------------------------------------------------- the thread
 
     def _run(self) -> None:
+        timeout = None if self._checkpoint_conn is None else CHECKPOINT_S
         try:
             while True:
-                got = self._queue.get()
+                try:
+                    got = self._queue.get(timeout=timeout)
+                except queue.Empty:
+                    self._checkpoint()
+                    continue
                 if got is None:
                     return
-                items = list(got)
+                items, taken = list(got), 1 if got else 0
                 while len(items) < BATCH:
                     try:
                         more = self._queue.get_nowait()
@@ -255,11 +352,23 @@ class Writer:
                         self._queue.put(None)
                         break
                     items.extend(more)
-                try:
-                    outcomes = self._apply_batch([op for op, _, _ in items])
-                except BaseException as exc:  # a bug here must not end the writer
-                    _log.error("record store: a batch failed outright: %s", describe(exc))
-                    outcomes = [exc for _ in items]
+                    taken += 1 if more else 0
+                if not items:  # apply_now asking for a checkpoint
+                    self._checkpoint()
+                    continue
+                with self._using:
+                    if timeout is not None:  # here the write lock is waited for
+                        self._conn.execute(f"PRAGMA busy_timeout={_BUSY_WAIT_MS}")
+                    try:
+                        outcomes = self._apply_batch([op for op, _, _ in items])
+                    except BaseException as exc:  # a bug here must not end the writer
+                        _log.error("record store: a batch failed outright: %s", describe(exc))
+                        outcomes = [exc for _ in items]
+                    finally:
+                        if timeout is not None:
+                            self._conn.execute("PRAGMA busy_timeout=0")
+                with self._counting:
+                    self._outstanding -= taken
                 settled: dict[asyncio.AbstractEventLoop, list[Settlement]] = {}
                 for (op, future, loop), outcome in zip(items, outcomes, strict=True):
                     if outcome is not None:
@@ -269,12 +378,28 @@ class Writer:
                         settled.setdefault(loop, []).append((future, outcome))
                 for loop, settlements in settled.items():
                     _settle_from_thread(loop, settlements)
+                if timeout is not None and self._commits - self._checkpointed >= CHECKPOINT_COMMITS:
+                    self._checkpoint()
         except BaseException as exc:
             self._last_error = f"the writer stopped: {describe(exc)}"
             _log.critical("record store: %s", self._last_error)
         finally:
             self._healthy = False if self._last_error else self._healthy
             self._fail_queued()
+
+    def _checkpoint(self) -> None:
+        """Copy the WAL's committed pages into the database file (the thread's,
+        on its own connection: it waits for the disk, writers do not wait for it)."""
+        conn, commits = self._checkpoint_conn, self._commits
+        self._checkpoint_asked = False
+        if conn is None or commits == self._checkpointed:
+            return
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error as exc:  # the next commits ask again
+            _log.warning("record store: a WAL checkpoint failed: %s", describe(exc))
+            return
+        self._checkpointed = commits
 
     def _fail_queued(self) -> None:
         """Fail whatever is still queued: nothing will write it any more."""
@@ -288,8 +413,9 @@ class Writer:
                 if future is not None and loop is not None:
                     _settle_from_thread(loop, [(future, error)])
 
-    def _apply_batch(self, ops: list[Op]) -> list[BaseException | None]:
-        error = self._transaction(ops)
+    def _apply_batch(self, ops: list[Op], *, begun: bool = False) -> list[BaseException | None]:
+        """``begun``: the caller has opened the first transaction already."""
+        error = self._transaction(ops, begun=begun)
         if error is None:
             return [None] * len(ops)
         outcomes: list[BaseException | None] = (
@@ -308,7 +434,7 @@ class Writer:
                     _log.error("record store: %s failed too", label(fallback))
         return outcomes
 
-    def _transaction(self, ops: list[Op]) -> BaseException | None:
+    def _transaction(self, ops: list[Op], *, begun: bool = False) -> BaseException | None:
         conn = self._conn
         self._pending_blobs.clear()
         self._pending_bases.clear()
@@ -316,7 +442,8 @@ class Writer:
         self._pending_closed.clear()
         self._pending_begun.clear()
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            if not begun:
+                conn.execute("BEGIN IMMEDIATE")
             for op in ops:
                 self._apply(op)
             conn.execute("COMMIT")
@@ -331,6 +458,7 @@ class Writer:
                 self._last_error = describe(exc)
             return exc
         self._healthy = True
+        self._commits += 1
         for key in self._pending_blobs:
             self._known_blobs[key] = None
             self._known_blobs.move_to_end(key)
@@ -469,18 +597,16 @@ class Writer:
         rowid, shared, tail_bytes = row
         if shared + tail_bytes // WIDTH != n:
             prompt = ids.packed()[: n * WIDTH]
-            # The prompt became known only from the engine (engine-rendered capture).
+            # The prompt became known only from the engine (engine-rendered
+            # capture): written with the outcome, in the same statement.
             prompt_base, shared = self._bases.best(record.session_id, prompt)
             self._conn.execute(
-                "UPDATE records SET prompt_base = ?, prompt_shared = ?, prompt_tail = ? "
-                "WHERE rowid = ?",
-                (prompt_base, shared, prompt[shared * 4 :], rowid),
+                _UPDATE_PROMPT_AND_OUTCOME,
+                (prompt_base, shared, prompt[shared * 4 :], *outcome_values(record), rowid),
             )
-        self._update_outcome(rowid, record)
+        else:
+            self._conn.execute(_UPDATE_OUTCOME, (*outcome_values(record), rowid))
         self._pending_bases.append((record.session_id, rowid, ids))
-
-    def _update_outcome(self, rowid: int, record: CompletionRecord) -> None:
-        self._conn.execute(_UPDATE_OUTCOME, (*outcome_values(record), rowid))
 
 
 _IDENTITY_COLUMNS = (
@@ -507,6 +633,10 @@ _INSERT = (
 
 _UPDATE_OUTCOME = (
     f"UPDATE records SET {', '.join(f'{column} = ?' for column in OUTCOME_COLUMNS)} WHERE rowid = ?"
+)
+_UPDATE_PROMPT_AND_OUTCOME = (
+    "UPDATE records SET prompt_base = ?, prompt_shared = ?, prompt_tail = ?, "
+    f"{', '.join(f'{column} = ?' for column in OUTCOME_COLUMNS)} WHERE rowid = ?"
 )
 _BEGUN_LIMIT = 1 << 16
 
