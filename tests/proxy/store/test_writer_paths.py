@@ -64,16 +64,20 @@ def test_the_writers_thread_checkpoints_the_wal(tmp_path: Path) -> None:
     assert len(SqliteStore(path).records("s1")) == CHECKPOINT_COMMITS + 10
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize(("seed", "member"), [(1, False), (2, False), (3, True)])
 def test_two_loops_and_an_outside_writer_leave_every_call_in_order(
-    tmp_path: Path, seed: int
+    tmp_path: Path, seed: int, member: bool
 ) -> None:
     """Two event loops on two threads write one store while another connection
-    takes SQLite's write lock at random moments (seeded), so batches go now to
-    the loop, now to the thread, and back. Every call's begin and outcome are
-    stored, each session's in order."""
+    takes SQLite's write lock at random moments (seeded), as a gateway group's
+    other workers do, so batches go now to the loop, now to the thread, and
+    back. Every call's begin and outcome are stored, each session's in order.
+    ``member``: the store opened as a group's worker opens it."""
     path = tmp_path / "r.db"
-    store = SqliteStore(path, write_timeout_s=30.0)
+    parent = SqliteStore(path)  # a group's parent: the schema and the lock
+    if member:
+        parent.open()
+    store = SqliteStore(path, write_timeout_s=30.0, member=member)
     store.open()
     rng = random.Random(seed)
     holds = [(rng.uniform(0, 0.01), rng.uniform(0, 0.02)) for _ in range(40)]
@@ -118,6 +122,7 @@ def test_two_loops_and_an_outside_writer_leave_every_call_in_order(
     threads[0].join()
     state = store.state()
     store.close()
+    parent.close()
     assert state.writing and state.failed_ops == 0, f"seed {seed}: {state}"
     for session_id in ("s1", "s2"):
         records = SqliteStore(path).records(session_id)

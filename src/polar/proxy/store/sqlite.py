@@ -28,11 +28,12 @@ last transactions. ``"full"`` fsyncs every commit and survives those too.
 Cost: the writes of one event-loop turn share one transaction (group commit),
 so the dispatch row costs less than a second commit per call, and the outcome
 is written by the rowid the writer kept from the begin (one UPDATE, no lookup).
-With ``synchronous="normal"`` and one process writing, the loop commits its
-turn's transaction itself at the turn's end when SQLite's write lock is free
-(a commit there writes the WAL and flushes nothing; the writer's thread takes
-the batches that would wait, and the WAL checkpoints): no thread hand-over per
-write. ``"full"`` and a gateway group's workers always commit on the thread.
+With ``synchronous="normal"`` the loop commits its turn's transaction itself
+at the turn's end when SQLite's write lock is free (a commit there writes the
+WAL and flushes nothing; the writer's thread takes the batches that would wait,
+for the lock a gateway group's other workers hold, say, and the WAL
+checkpoints): no thread hand-over per write. ``"full"`` always commits on the
+thread.
 ``benchmarks/reliability.py store`` measures begin + finish against one append
 per call, side by side in one run, at several concurrency levels.
 
@@ -186,9 +187,9 @@ class SqliteStore:
                 raise
             raise StoreError(f"{self.path}: not a usable record store ({exc})") from exc
         checkpoint = None
-        if self._synchronous == "NORMAL" and not self._member:
-            # The only writer, and commits that do not flush: the event loop can
-            # commit its own writes (see polar.proxy.store.writer).
+        if self._synchronous == "NORMAL":
+            # Commits that do not flush: the event loop can commit its own writes
+            # when the lock is free (see polar.proxy.store.writer).
             conn.execute("PRAGMA busy_timeout=0")
             checkpoint = self._connect()
         self._writer = Writer(

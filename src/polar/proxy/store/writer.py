@@ -6,20 +6,21 @@ together in one transaction, so the cost of a commit is shared by every call
 that arrived meanwhile. When a batch fails its operations are retried one per
 transaction, so a bad operation fails alone.
 
-Where a turn's batch is applied (``inline`` writers: ``synchronous=normal`` and
-the only process writing the file):
+Where a turn's batch is applied (``inline`` writers: ``synchronous=normal``):
 
 * **On the event loop, at the end of the turn**, when nothing is queued for the
   thread and SQLite's write lock is free (``BEGIN IMMEDIATE`` without a busy
-  wait). A commit with ``synchronous=normal`` is a write into the WAL, not a
-  disk flush, so this costs the loop what the transaction costs and saves the
+  wait: the workers of a gateway group share the file, and take turns). A
+  commit with ``synchronous=normal`` is a write into the WAL, not a disk
+  flush, so this costs the loop what the transaction costs and saves the
   thread's wake-up, the hand-over of the GIL and the wake-up of the loop to
   settle the callers (measured in ``benchmarks/gateway.py --scale``).
 * **On the thread** otherwise: while it still has batches (so batches commit
   in the order they were made), while another connection holds the write lock
-  (the thread waits for it, the loop does not), and always for a writer that
-  is not ``inline`` (``synchronous=full`` flushes the disk at every commit; the
-  workers of a gateway group wait on each other's write lock).
+  (the thread waits for it, the loop does not), a batch that failed on the
+  loop (rolled back; the thread retries it one operation per transaction),
+  and always for a writer that is not ``inline`` (``synchronous=full``
+  flushes the disk at every commit).
 
 WAL checkpoints (the only disk flushes with ``synchronous=normal``) are the
 thread's, on a connection of its own, so the loop never waits for the disk:
@@ -272,9 +273,12 @@ class Writer:
         self._queue.put(items)
 
     def apply_now(self, items: list[Item]) -> bool:
-        """Apply ``items`` here, on the calling event loop's thread, and settle
+        """Commit ``items`` here, on the calling event loop's thread, and settle
         their futures, if that needs no waiting; else change nothing and return
-        False (the caller puts them for the thread)."""
+        False (the caller puts them for the thread).
+
+        A batch that fails is left to the thread too, which retries it one
+        operation per transaction, waiting for the lock between them."""
         if self._checkpoint_conn is None or not self._using.acquire(blocking=False):
             return False
         try:
@@ -283,27 +287,12 @@ class Writer:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error:
-                # Another connection writes (the thread waits for it), or the store
-                # fails: the thread applies the batch and reports what happened.
-                return False
-            try:
-                outcomes = self._apply_batch([op for op, _, _ in items], begun=True)
-            except Exception as exc:  # a bug here must not reach the event loop
-                _log.error("record store: a batch failed outright: %s", describe(exc))
-                outcomes = [exc for _ in items]
-                with contextlib.suppress(sqlite3.Error):
-                    if self._conn.in_transaction:
-                        self._conn.execute("ROLLBACK")
+                return False  # another connection writes: the thread waits for it
+            if self._transaction([op for op, _, _ in items], begun=True) is not None:
+                return False  # rolled back: nothing of it was written
         finally:
             self._using.release()
-        settlements: list[Settlement] = []
-        for (op, future, _), outcome in zip(items, outcomes, strict=True):
-            if outcome is not None:
-                self._failed_ops += 1
-                _log.error("record store: %s failed: %s", label(op), describe(outcome))
-            if future is not None:
-                settlements.append((future, outcome))
-        _settle_all(settlements)
+        _settle_all([(future, None) for _, future, _ in items if future is not None])
         if self._commits - self._checkpointed >= CHECKPOINT_COMMITS and not self._checkpoint_asked:
             self._checkpoint_asked = True
             self._queue.put([])  # wakes the thread; an empty batch is no work
@@ -413,9 +402,8 @@ class Writer:
                 if future is not None and loop is not None:
                     _settle_from_thread(loop, [(future, error)])
 
-    def _apply_batch(self, ops: list[Op], *, begun: bool = False) -> list[BaseException | None]:
-        """``begun``: the caller has opened the first transaction already."""
-        error = self._transaction(ops, begun=begun)
+    def _apply_batch(self, ops: list[Op]) -> list[BaseException | None]:
+        error = self._transaction(ops)
         if error is None:
             return [None] * len(ops)
         outcomes: list[BaseException | None] = (
@@ -435,6 +423,7 @@ class Writer:
         return outcomes
 
     def _transaction(self, ops: list[Op], *, begun: bool = False) -> BaseException | None:
+        """``begun``: the caller has opened it already."""
         conn = self._conn
         self._pending_blobs.clear()
         self._pending_bases.clear()
