@@ -153,3 +153,28 @@ def test_unknown_field_names_are_bounded(make_stack: Any) -> None:
     known = gateway._unknown_fields
     assert len(known) <= 256
     assert all(len(name) <= 64 for _, name in known)
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_chat_template_kwargs_cannot_replace_the_template(make_stack: Any, capture: str) -> None:
+    """A ``chat_template`` kwarg used to reach ``apply_chat_template`` in
+    token-in/token-out mode: the client's template was rendered in place of
+    the model's, and this one (10^10 loop steps in the sandbox) held the event
+    loop for hours. ``tokenize`` and ``tools`` were 500s. All are 400s now, in
+    both modes, and nothing reaches the engine."""
+    stack = make_stack({"turns": [{"text": "ok"}]}, capture=capture)
+    sid, key = stack.new_session()
+    forever = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+    with httpx.Client(base_url=stack.url, headers=client_headers(key), timeout=30) as client:
+        for kwargs in ({"chat_template": forever}, {"tokenize": True}, {"tools": [1], "x": 1}):
+            for stream in (False, True):
+                body = request_body(Dialect.OPENAI_CHAT, stream=stream, chat_template_kwargs=kwargs)
+                reply = client.post(PATHS[Dialect.OPENAI_CHAT], json=body)
+                message = assert_dialect_error(Dialect.OPENAI_CHAT, reply, 400)
+                assert f"chat_template_kwargs may not set {min(kwargs)}" in message
+        assert stack.engine.requests == []
+        body = request_body(
+            Dialect.OPENAI_CHAT, stream=False, chat_template_kwargs={"enable_thinking": False}
+        )
+        assert client.post(PATHS[Dialect.OPENAI_CHAT], json=body).status_code == 200
+    assert [r.status for r in stack.records(sid)] == [RecordStatus.COMPLETED]

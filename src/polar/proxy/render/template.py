@@ -27,7 +27,8 @@ from polar.ir import (
     ToolCall,
     ToolSpec,
 )
-from polar.proxy.errors import UnsupportedContent
+from polar.proxy.errors import InvalidRequest, UnsupportedContent
+from polar.proxy.render.compiled import compiled_template, reserved_kwargs
 from polar.proxy.render.tokens import TokenText
 
 # A string no harness sends: it stands in for the assistant turn whose raw
@@ -119,6 +120,10 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self.text = TokenText(tokenizer, segment_cache_bytes=segment_cache_bytes)
         self.kwargs = dict(template_kwargs or {})
+        self._reserved = reserved_kwargs(tokenizer)
+        if clash := sorted(self._reserved.intersection(self.kwargs)):
+            raise ValueError(f"template_kwargs may not set {', '.join(clash)}")
+        self._compiled = compiled_template(tokenizer)
         eot = end_of_turn or tokenizer.eos_token
         if not eot:
             raise ValueError("the tokenizer has no eos token; give end_of_turn explicitly")
@@ -139,6 +144,23 @@ class ChatTemplate:
         kwargs: JsonObject,
         add_generation_prompt: bool = True,
     ) -> str:
+        """The template's text for ``messages``: what ``apply_chat_template``
+        renders (through :mod:`~polar.proxy.render.compiled` where that is exact).
+
+        ``kwargs`` (a request's ``chat_template_kwargs``) may not name the
+        render's own arguments: one named ``chat_template`` would have the
+        client's template rendered in place of the model's (and a template can
+        loop for hours), one named ``tokenize`` would change what comes back.
+        """
+        if kwargs and (clash := sorted(self._reserved.intersection(kwargs))):
+            raise InvalidRequest(f"chat_template_kwargs may not set {', '.join(clash)}")
+        if self._compiled is not None:
+            return self._compiled.render(
+                messages,
+                tools,
+                add_generation_prompt=add_generation_prompt,
+                kwargs={**self.kwargs, **kwargs} if kwargs else self.kwargs,
+            )
         return str(
             self.tokenizer.apply_chat_template(
                 list(messages),

@@ -34,6 +34,7 @@ from polar.proxy.dialects.openai_chat.protocol import (
     WireUsage,
 )
 from polar.proxy.errors import InvalidRequest, UnsupportedContent
+from polar.proxy.render.compiled import RENDER_NAMES
 
 # ---------------------------------------------------------------- requests
 #
@@ -217,6 +218,14 @@ def request_to_ir(wire: ChatCompletionRequest) -> ChatRequest:
         raise InvalidRequest(
             f"tool_choice names {named!r}, which is not among the tools",
             param="tool_choice",
+        )
+    if clash := sorted(RENDER_NAMES.intersection(wire.chat_template_kwargs or ())):
+        # Either capture mode: vLLM refuses chat_template and tokenize itself,
+        # and fails on the rest (tools, say) with a 500.
+        raise InvalidRequest(
+            f"chat_template_kwargs may not set {', '.join(clash)}: "
+            "they are the chat template's own arguments",
+            param="chat_template_kwargs",
         )
     stop = (wire.stop,) if isinstance(wire.stop, str) else tuple(wire.stop or ())
     try:
