@@ -107,8 +107,8 @@ def test_sse_decoder_handles_crlf_comments_and_event_names() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [[256], [-1], [True], ["a"], [1.0], [0, 300]],
-    ids=["too big", "negative", "bool", "string", "float", "one of two"],
+    [[256], [-1], [True], [1, False], ["a"], [1.0], [0, 300], [[1]]],
+    ids=["too big", "negative", "bool", "bool among ints", "string", "float", "one of two", "list"],
 )
 def test_token_bytes_that_are_not_bytes_are_refused(bad: list[Any]) -> None:
     entry = {"token": "x", "logprob": -0.5, "bytes": bad, "top_logprobs": []}

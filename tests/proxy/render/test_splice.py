@@ -11,6 +11,7 @@ edits history instead, the divergence must be recorded at the right token.
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
@@ -18,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polar.ir import Message, PromptOrigin, Role, TextPart, ToolCall, ToolSpec
+from polar.ir.tokenids import common_prefix, pack
 from polar.proxy.render.parse import OutputParser, ParserOptions
-from polar.proxy.render.splice import PastCall, Transcript, Transcripts, plan_prompt
+from polar.proxy.render.splice import PastCall, Transcript, Transcripts, lineage_of, plan_prompt
 from polar.proxy.render.template import ChatTemplate
 
 TOOLS = (
@@ -263,3 +265,40 @@ def test_transcripts_are_bounded_by_bytes_least_recently_used_first() -> None:
     assert transcripts.bytes == 4408 + 20004 and len(transcripts) == 1
     transcripts.drop("a")
     assert transcripts.bytes == 0 and len(transcripts) == 0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_diverged_prompt_names_the_latest_call_sharing_the_most(seed: int) -> None:
+    """The lineage search (newest first, skipping calls that cannot share more,
+    stopping at a prompt shared whole) finds what comparing every call finds:
+    the longest shared prefix, the latest call among those that tie."""
+    rng = random.Random(seed)
+    user = Message(role=Role.USER, parts=(TextPart("different"),))
+    output = Message(role=Role.ASSISTANT, parts=(TextPart("x"),))
+    for case in range(40):
+        stem = [rng.randint(0, 9) for _ in range(rng.randint(0, 12))]
+        transcript = Transcript()
+        for seq in range(1, rng.randint(1, 10)):
+            ids = stem[: rng.randint(0, len(stem))] + [
+                rng.randint(0, 3) for _ in range(rng.randint(0, 6))
+            ]
+            prompt, sampled = ids[: len(ids) // 2 + 1], ids[len(ids) // 2 + 1 :]
+            on = transcript.calls[-1] if transcript.calls and rng.random() < 0.5 else None
+            transcript.add(PastCall.of(seq, 1, (user,), prompt, sampled, output, on=on))
+        prompt = stem[: rng.randint(0, len(stem))] + [
+            rng.randint(0, 3) for _ in range(rng.randint(0, 4))
+        ]
+        expected = None
+        for call in transcript.calls:  # oldest first; a later tie wins
+            shared = common_prefix(pack(prompt), call.full.packed())
+            if shared and (expected is None or shared >= expected[0]):
+                expected = (shared, call.seq)
+        lineage = lineage_of(prompt, (user, user), transcript)
+        got = (
+            None
+            if lineage.origin is PromptOrigin.FRESH
+            else (lineage.shared_tokens, lineage.base_seq)
+        )
+        assert got == expected, f"seed {seed} case {case}"
+        if expected is not None:
+            assert lineage.origin is PromptOrigin.DIVERGED

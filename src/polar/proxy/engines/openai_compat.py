@@ -187,10 +187,15 @@ def _top(entry: Any) -> TopLogprob:
 def _bytes(value: Any) -> tuple[int, ...] | None:
     if value is None:
         return None
-    values = array(value, "token bytes")
-    if values and not ({*map(type, values)} <= {int} and 0 <= min(values) <= max(values) < 256):
+    values = tuple(array(value, "token bytes"))
+    try:
+        bytes(values)  # ints 0-255 (and bools), checked in C: a few of these per token add up
+    except (TypeError, ValueError):
+        raise EngineProtocolError("engine sent token bytes that are not bytes") from None
+    # ``True in`` also finds a 1 (and ``False`` a 0): only then look at the types.
+    if (True in values or False in values) and bool in map(type, values):
         raise EngineProtocolError("engine sent token bytes that are not bytes")
-    return tuple(values)
+    return values
 
 
 def tool_call_deltas(raw: Any) -> tuple[ToolCallDelta, ...]:

@@ -20,9 +20,12 @@ add_generation_prompt=...)`` (transformers 5) does, per call, what this does:
   globals and extensions): here an overlay of that environment, whose sandbox
   remembers its attribute decisions. Jinja's immutable sandbox decides whether
   ``obj.attr`` may be read from ``type(obj)`` and the name alone, so
-  remembering them per (type, name) is exact.
+  remembering them per (type, name) is exact. And ``message.role`` on a plain
+  dict goes straight to the item when no dict has an attribute of that name,
+  where the sandbox would first try the attribute and catch its
+  ``AttributeError`` (the same result, without the exception).
 
-About 74 us become 39 us for a two-message conversation (Qwen3's template):
+About 74 us become 33 us for a two-message conversation (Qwen3's template):
 most of a small token-in/token-out call's rendering. A template whose output
 differs from ``apply_chat_template`` on the probe conversations (a newer
 transformers doing something more per call, say) is not used:
@@ -40,6 +43,9 @@ log = logging.getLogger(__name__)
 
 # The most attribute decisions remembered: a template reads a few dozen.
 _DECISIONS = 4096
+
+# What ``getattr`` finds on a plain dict: its type's names (a dict has no instance ones).
+_DICT_ATTRIBUTES = frozenset(dir(dict))
 
 # Names the render itself passes, and apply_chat_template's own parameters: a
 # request's chat_template_kwargs may not set them (one named ``chat_template``
@@ -129,7 +135,22 @@ class CompiledTemplate:
                     decided[key] = safe
             return safe
 
+        read = env.getattr
+        undefined = env.undefined
+
+        def getattr_(obj: Any, attribute: str) -> Any:
+            # ``message.role`` on a plain dict: the sandbox first tries the
+            # attribute, which raises AttributeError (the costly part), then
+            # the item. A name no dict has goes straight to the item.
+            if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+                try:
+                    return obj[attribute]
+                except KeyError:
+                    return undefined(obj=obj, name=attribute)
+            return read(obj, attribute)
+
         env.is_safe_attribute = is_safe_attribute
+        env.getattr = getattr_
         return env.from_string(source)
 
     def render(

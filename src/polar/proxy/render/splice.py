@@ -32,7 +32,7 @@ from polar.ir import (
     TextPart,
     ToolSpec,
 )
-from polar.ir.tokenids import TokenRun, common_prefix, pack, unpack
+from polar.ir.tokenids import WIDTH, TokenRun, common_prefix, pack, unpack
 from polar.proxy.render.template import ChatTemplate
 
 
@@ -223,8 +223,12 @@ def lineage_of(
     prompt_ids: Sequence[int] | bytes, messages: Sequence[Message], transcript: Transcript
 ) -> PromptLineage:
     """How a prompt relates to the session's earlier calls (any capture mode)."""
-    base = extended_call(messages, transcript)
     prompt = prompt_ids if isinstance(prompt_ids, bytes) else pack(prompt_ids)
+    return _lineage(prompt, extended_call(messages, transcript), transcript)
+
+
+def _lineage(prompt: bytes, base: PastCall | None, transcript: Transcript) -> PromptLineage:
+    """:func:`lineage_of`, the extended call (``base``) already looked up."""
     if base is not None:
         full = base.full.packed()
         shared = common_prefix(prompt, full)
@@ -235,20 +239,28 @@ def lineage_of(
             shared_tokens=shared,
             base_tokens=len(base.full),
         )
-    best: tuple[int, PastCall] | None = None
-    for call in transcript.calls:
+    # The call sharing the longest prefix, the latest of those that tie: newest
+    # first, so a call that cannot share more than the best so far is skipped,
+    # and a prompt shared whole (a resent request) ends the search.
+    best: PastCall | None = None
+    most = 0
+    whole = len(prompt) // WIDTH
+    for call in reversed(transcript.calls):
+        if min(whole, len(call.full)) <= most:
+            continue
         shared = common_prefix(prompt, call.full.packed())
-        if shared and (best is None or shared >= best[0]):
-            best = (shared, call)
+        if shared > most:
+            best, most = call, shared
+            if most == whole:
+                break
     if best is None:
         return PromptLineage(origin=PromptOrigin.FRESH)
-    shared, call = best
     return PromptLineage(
         origin=PromptOrigin.DIVERGED,
-        base_seq=call.seq,
-        base_attempt=call.attempt,
-        shared_tokens=shared,
-        base_tokens=call.tokens,
+        base_seq=best.seq,
+        base_attempt=best.attempt,
+        shared_tokens=most,
+        base_tokens=best.tokens,
     )
 
 
@@ -280,7 +292,7 @@ def plan_prompt(
         packed = pack(ids)
         return PromptPlan(
             ids=tuple(ids),
-            lineage=lineage_of(packed, messages, transcript),
+            lineage=_lineage(packed, None, transcript),
             tail_text=text,
             packed=packed,
         )
