@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from polar.ir.tokenids import PromptIdList, pack
+from polar.ir.tokenids import PromptIdList, TokenRun, common_prefix, pack
 from polar.proxy.store.packing import (
     blob_key,
     decode_blob,
@@ -16,6 +18,7 @@ from polar.proxy.store.packing import (
     join_body,
     split_body,
 )
+from polar.proxy.store.writer import DeltaBases
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=200),
@@ -100,3 +103,26 @@ def test_the_gateways_own_prompt_list_is_recognised_without_comparing_ids() -> N
     skeleton, blobs, _ = split_body(body, prompt=pack(prompt[:-1]))
     assert b'"prompt_ids"' not in skeleton
     assert join_body(skeleton, dict(blobs).__getitem__, prompt[:-1]) == body
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_delta_base_is_the_newest_string_sharing_the_most(seed: int) -> None:
+    """DeltaBases.best skips strings that cannot share more than the best so far
+    (newest first); it still finds what comparing every string finds: the longest
+    shared prefix, the newest string among those that tie."""
+    rng = random.Random(seed)
+    for case in range(60):
+        bases = DeltaBases(per_session=8, byte_budget=1 << 20)
+        stem = [rng.randint(0, 9) for _ in range(rng.randint(0, 12))]
+        added = []
+        for rowid in range(rng.randint(0, 10)):
+            ids = stem[: rng.randint(0, len(stem))] + [rng.randint(0, 3) for _ in range(3)]
+            bases.add("s", rowid, TokenRun.of(pack(ids)))
+            added = [*added, (rowid, ids)][-8:]
+        prompt = pack([*stem[: rng.randint(0, len(stem))], rng.randint(0, 3)])
+        expected: tuple[int | None, int] = (None, 0)
+        for rowid, ids in reversed(added):
+            shared = common_prefix(pack(ids), prompt)
+            if shared > expected[1]:
+                expected = (rowid, shared)
+        assert bases.best("s", prompt) == expected, f"seed {seed} case {case}"

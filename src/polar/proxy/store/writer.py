@@ -185,11 +185,13 @@ class DeltaBases:
             return None, 0
         self._sessions.move_to_end(session_id)
         best_row, best_len = None, 0
+        whole = len(prompt) // WIDTH
         # Newest first: usually the last call's string is a prefix of this prompt,
         # and then no shorter string (every older one, as a rule) can beat it and
-        # none of them is unpacked.
+        # none of them is unpacked; nor any string once the whole prompt is shared
+        # (a resent request).
         for rowid, full in reversed(entries):
-            if len(full) <= best_len:
+            if min(len(full), whole) <= best_len:
                 continue
             shared = common_prefix(full.packed(), prompt)
             if shared > best_len:
