@@ -83,45 +83,39 @@ def run_cli(
     """Run CLI ``name`` on the rehearsal's instruction through a gateway configured
     by ``gateway`` (admin token and store added), recording under ``root``; once
     more, once, after an unusable draw of the model (see the module's text)."""
-    run = _run_cli(name, gateway, root, make_spec, harness_cache)
+
+    def once(where: Path) -> CliRun:
+        db = where / "records.db"
+        config = GatewayConfig.model_validate(
+            {**gateway, "admin_token": ADMIN, "store": {"path": str(db)}}
+        )
+        with ServerThread(create_app(Gateway(config))) as server:
+            recorder = Recorder(server.url)
+            with ServerThread(recorder.app) as proxy:
+                created = httpx.post(
+                    f"{server.url}/admin/sessions",
+                    headers={"authorization": f"Bearer {ADMIN}"},
+                    json={"metadata": {"harness": name}},
+                ).json()
+                spec = make_spec(
+                    gateway_url=proxy.url,
+                    api_key=created["api_key"],
+                    instruction=INSTRUCTION,
+                    timeout_s=300.0,
+                )
+                ran = run_harness(load_harness(name), spec, cache_dir=harness_cache)
+        store = SqliteStore(db)
+        try:
+            records = store.records(created["session_id"])
+        finally:
+            store.close()
+        return CliRun(name, ran.result, records, recorder.posts(), spec.workdir)
+
+    run = once(root)
     if not run.finished and run.unusable_draw:
         print(f"{name}: the model drew a tool call the CLI cannot use; running it once more")
-        run = _run_cli(name, gateway, root / "again", make_spec, harness_cache)
+        run = once(root / "again")
     return run
-
-
-def _run_cli(
-    name: str,
-    gateway: dict[str, Any],
-    root: Path,
-    make_spec: Callable[..., RunSpec],
-    harness_cache: Path,
-) -> CliRun:
-    db = root / "records.db"
-    config = GatewayConfig.model_validate(
-        {**gateway, "admin_token": ADMIN, "store": {"path": str(db)}}
-    )
-    with ServerThread(create_app(Gateway(config))) as server:
-        recorder = Recorder(server.url)
-        with ServerThread(recorder.app) as proxy:
-            created = httpx.post(
-                f"{server.url}/admin/sessions",
-                headers={"authorization": f"Bearer {ADMIN}"},
-                json={"metadata": {"harness": name}},
-            ).json()
-            spec = make_spec(
-                gateway_url=proxy.url,
-                api_key=created["api_key"],
-                instruction=INSTRUCTION,
-                timeout_s=300.0,
-            )
-            run = run_harness(load_harness(name), spec, cache_dir=harness_cache)
-    store = SqliteStore(db)
-    try:
-        records = store.records(created["session_id"])
-    finally:
-        store.close()
-    return CliRun(name, run.result, records, recorder.posts(), spec.workdir)
 
 
 def decoded_turn(record: CompletionRecord, tokenizer: Any) -> tuple[str, list[tuple[str, Any]]]:
