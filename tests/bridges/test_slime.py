@@ -35,6 +35,7 @@ import pytest
 from polar.bridges.rollouts import BridgeError
 from polar.bridges.slime import SlimeRollout, generate_rollout, slime_samples, slime_shape
 from polar.configfile import ConfigError
+from polar.ir.behaviour import MODEL
 from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.trajectory import ChainClass, TurnSpan, row_of
 from polar.trajectory import Sample as PolarSample
@@ -183,6 +184,7 @@ def polar_sample(session_id: str, chain: int, chain_class: ChainClass) -> dict[s
             turn_offsets=(TurnSpan("r1", 0, 0, 2), TurnSpan("r2", 2, 3, 5)),
             truncated_turns=0,
             malformed_tool_calls=0,
+            sampling=MODEL,
         )
     )
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from pydantic import TypeAdapter
 
-from polar.ir import DeliveryFlag, DeliveryIssue, MalformedToolCall
+from polar.ir import DeliveryFlag, DeliveryIssue, MalformedToolCall, Unreproducible
 from polar.ir.codec import record_from_json
 from polar.rollout.protocol import SessionAccounting, SessionResult, SessionStatus
 from polar.trajectory import BuildConfig, PrefixMerge, Trajectory, TurnFormat, row_of, samples_of
@@ -34,14 +34,18 @@ def untyped_wire(trajectory: Trajectory) -> bytes:
         "breaks": {k.value: v for k, v in a.breaks.items()},
         "malformed_tool_calls": a.malformed_tool_calls,
         "delivery_flags": {k.value: v for k, v in a.delivery_flags.items()},
+        "unreproducible": {k.value: v for k, v in a.unreproducible.items()},
     }
     samples = []
     for sample in samples_of(trajectory, include_untrainable=True):
-        row = {name: getattr(sample, name) for name in FIELDS}
+        row = {name: getattr(sample, name) for name in FIELDS[:-2]}
         row["turn_offsets"] = [
             {"record": s.record, "start": s.start, "sampled_start": s.sampled_start, "end": s.end}
             for s in sample.turn_offsets
         ]
+        unknown = isinstance(sample.sampling, Unreproducible)
+        row["sampling"] = None if unknown else dataclasses.asdict(sample.sampling)
+        row["unreproducible"] = sample.sampling if unknown else None
         samples.append(row)
     return TypeAdapter(dict[str, Any]).dump_json({"accounting": accounting, "samples": samples})
 

@@ -9,6 +9,8 @@ from typing import Any
 import httpx
 import orjson
 
+from polar.ir import Distribution, Unreproducible
+from polar.ir.behaviour import MODEL
 from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.rollout.protocol import SessionResult, SessionStatus, TaskResult, TaskStatus
 from polar.testing.serverthread import ServerThread
@@ -29,6 +31,7 @@ def sample(
     segment: int = 0,
     reward: float | None = None,
     reward_scale: float = 1.0,
+    sampling: Distribution | Unreproducible = MODEL,
 ) -> Sample:
     n = len(response)
     return Sample(
@@ -54,6 +57,7 @@ def sample(
         turn_offsets=(TurnSpan(f"{session}/1.1", 0, 0, n),),
         truncated_turns=0,
         malformed_tool_calls=0,
+        sampling=sampling,
     )
 
 

@@ -101,7 +101,7 @@ def test_the_parquet_schema_is_the_documented_one(trajectory: Trajectory, tmp_pa
     assert schema.field("response_ids").type == pa.list_(pa.int32())
     assert schema.field("loss_mask").type == pa.list_(pa.int8())
     assert schema.field("rollout_logprobs").type == pa.list_(pa.float64())
-    assert schema.metadata[b"polar.samples.version"] == b"1"
+    assert schema.metadata[b"polar.samples.version"] == b"2"
     documented = re.findall(r"^- ``(\w+)``(?:, ``(\w+)``)?", export_module.__doc__ or "", re.M)
     assert [name for pair in documented for name in pair if name] == list(FIELDS)
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from polar.configfile import ConfigError, load_config
+from polar.proxy.behaviour import SamplingPolicy
 from polar.rollout.protocol import HarnessSpec
 
 C = TypeVar("C", bound="BridgeConfig")
@@ -54,6 +55,11 @@ class BridgeConfig(_Section):
     max_resamples: int = Field(default=0, ge=0, le=1024)
     request_timeout_s: float = Field(default=30.0, gt=0)
     trace: TraceChoice = TraceChoice.MAIN
+    sampling: SamplingPolicy | None = SamplingPolicy()
+    """Enforced on every call of the bridge's sessions (default: temperature 1, the
+    whole vocabulary). Set its temperature to the trainer's own; tokens drawn from
+    a distribution the trainer cannot recompute are not trained (top-p, top-k,
+    min-p, penalties...), and counted."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Added to every submission (shown in ``polar status``)."""
 

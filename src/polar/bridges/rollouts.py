@@ -16,6 +16,13 @@ Trainers that take several sequences per rollout (slime) get all of them
 (:func:`traces_of`); the others get one (:func:`session_sample`, by
 :class:`~polar.bridges.config.TraceChoice`) and the tokens left out are
 counted, never silently dropped.
+
+The trainers behind the bridges recompute logprobs at one temperature over
+the whole vocabulary, so a trace is trained only when its tokens were drawn
+that way: a distribution without top-p, top-k or min-p (the bridge's
+``sampling`` policy, enforced by the node gateways, makes it so; its
+temperature must be the trainer's own). Any other trace keeps its tokens with
+the loss mask off, counted in ``unreproducible_tokens``.
 """
 
 from __future__ import annotations
@@ -23,11 +30,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from polar.bridges.config import BridgeConfig, TraceChoice
 from polar.configfile import ConfigError
+from polar.ir import Distribution
 from polar.rollout.client import RolloutClient, RolloutError
 from polar.rollout.protocol import SessionResult, SessionStatus, TaskResult, TaskSubmission
 from polar.tasks import Task, TaskLoadError, load_tasks
@@ -160,6 +168,7 @@ class PolarRollouts:
             max_resamples=c.max_resamples,
             group_id=group.group_id,
             policy_version=group.policy_version,
+            sampling=c.sampling,
             metadata={**c.metadata, **(group.metadata or {})},
         )
 
@@ -213,14 +222,35 @@ def current_sessions(result: TaskResult) -> list[SessionResult]:
 
 
 def traces_of(result: SessionResult) -> list[Sample]:
-    """A session's trainer samples (one per trainable trace), checked, in chain order."""
-    samples = []
-    for i, row in enumerate(result.samples):
-        try:
-            samples.append(sample_from_row(row, f"session {result.session_id} sample {i}"))
-        except ExportError as exc:
-            raise BridgeError(str(exc)) from None
+    """A session's trainer samples (one per trainable trace), checked, in chain order;
+    a trace a bridge's trainer cannot reproduce has its loss mask off
+    (:func:`reproducible`)."""
+    samples = [
+        s if reproducible(s) else replace(s, loss_mask=(0,) * len(s.loss_mask))
+        for s in _parsed(result)
+    ]
     return sorted(samples, key=lambda s: (s.chain, s.segment))
+
+
+def reproducible(sample: Sample) -> bool:
+    """Whether a one-temperature, whole-vocabulary trainer recomputes the distribution
+    the sample's tokens were drawn from (see the module docstring)."""
+    return isinstance(sample.sampling, Distribution) and not sample.sampling.truncated
+
+
+def unreproducible_tokens(result: SessionResult) -> int:
+    """Sampled tokens of the session :func:`traces_of` masks off."""
+    return sum(sum(s.loss_mask) for s in _parsed(result) if not reproducible(s))
+
+
+def _parsed(result: SessionResult) -> list[Sample]:
+    try:
+        return [
+            sample_from_row(row, f"session {result.session_id} sample {i}")
+            for i, row in enumerate(result.samples)
+        ]
+    except ExportError as exc:
+        raise BridgeError(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +265,9 @@ class SessionSample:
     """Trainable traces the session produced."""
     undelivered_tokens: int
     """Sampled tokens (loss mask 1) in the traces that were not delivered."""
+    unreproducible_tokens: int = 0
+    """Sampled tokens masked off because the trainer cannot recompute their
+    distribution (:func:`reproducible`)."""
 
     @property
     def reward(self) -> float | None:
@@ -274,7 +307,9 @@ def session_sample(result: SessionResult, group_id: str, choice: TraceChoice) ->
                 traces, key=lambda t: (t.chain_class is ChainClass.MAIN, trained_tokens(t))
             )
     left_out = sum(trained_tokens(t) for t in traces if t is not chosen)
-    return SessionSample(result, group_id, chosen, len(traces), left_out)
+    return SessionSample(
+        result, group_id, chosen, len(traces), left_out, unreproducible_tokens(result)
+    )
 
 
 def group_sessions(result: TaskResult, choice: TraceChoice) -> list[SessionSample]:

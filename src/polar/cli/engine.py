@@ -36,8 +36,12 @@ def serve(
     ] = 1024,
     logprobs_mode: Annotated[
         str,
-        typer.Option(help="raw: logprobs before temperature/top-p (like vLLM); processed: after."),
-    ] = "raw",
+        typer.Option(
+            help="processed: logprobs of the distribution sampled from (after temperature, "
+            "min-p, top-k, top-p; what a trainer corrects against); raw: of the model's own "
+            "(vLLM's default). A gateway in front must say the same (engine.logprobs)."
+        ),
+    ] = "processed",
 ) -> None:
     """Serve a causal LM on the CPU with vLLM's token-in completions API (the embedded engine)."""
     import uvicorn

@@ -4,6 +4,13 @@ This module is the leaf of the import graph: it imports nothing from the rest of
 the project, and nothing here knows about HTTP, pydantic wire models or torch.
 """
 
+from polar.ir.behaviour import (
+    Behaviour,
+    Distribution,
+    LogprobSource,
+    Unreproducible,
+    distribution_of,
+)
 from polar.ir.completion import (
     Completion,
     Delta,
@@ -50,6 +57,7 @@ from polar.ir.records import (
 )
 
 __all__ = [
+    "Behaviour",
     "CallError",
     "CaptureMode",
     "ChatRequest",
@@ -59,6 +67,7 @@ __all__ = [
     "DeliveryIssue",
     "Delta",
     "Dialect",
+    "Distribution",
     "EditKind",
     "EngineEvent",
     "ErrorKind",
@@ -66,6 +75,7 @@ __all__ = [
     "FinishReason",
     "ImagePart",
     "JsonObject",
+    "LogprobSource",
     "MalformedToolCall",
     "Message",
     "Part",
@@ -87,5 +97,7 @@ __all__ = [
     "ToolKind",
     "ToolSpec",
     "TopLogprob",
+    "Unreproducible",
     "Usage",
+    "distribution_of",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, assert_never
 
+from polar.ir.behaviour import SHAPING, Behaviour, Distribution, LogprobSource
 from polar.ir.completion import FinishReason, Usage
 from polar.ir.messages import (
     EditKind,
@@ -18,6 +19,7 @@ from polar.ir.messages import (
     ReasoningPart,
     RequestEdit,
     Role,
+    Sampling,
     TextPart,
     ToolCall,
 )
@@ -188,6 +190,7 @@ def record_to_json(record: CompletionRecord) -> dict[str, Any]:
         ],
         "edits": [{"kind": e.kind.value, "detail": e.detail} for e in record.edits],
         "delivery_flags": delivery_flags_to_json(record.delivery_flags),
+        "behaviour": behaviour_to_json(record.behaviour) if record.behaviour else None,
         "original_request": record.original_request,
         "engine_request": record.engine_request,
     }
@@ -256,6 +259,87 @@ def record_from_json(data: Any) -> CompletionRecord:
                 for e in data.get("edits") or ()
             ),
             delivery_flags=delivery_flags_from_json(data.get("delivery_flags") or ()),
+            behaviour=behaviour_from_json(data["behaviour"]) if data.get("behaviour") else None,
         )
     except KeyError as exc:
         raise ValueError(f"record: missing field {exc.args[0]!r}") from None
+
+
+# ---------------------------------------------------------------- sampling behaviour
+
+_SAMPLING_FIELDS = ("max_tokens", *SHAPING, "seed")
+
+
+def sampling_to_json(sampling: Sampling) -> dict[str, Any]:
+    """Every setting, ``None`` included (``None``: left to the engine's default)."""
+    out: dict[str, Any] = {name: getattr(sampling, name) for name in _SAMPLING_FIELDS}
+    out["stop"] = list(sampling.stop)
+    out["logit_bias"] = {str(k): v for k, v in sampling.logit_bias.items()}
+    return out
+
+
+def sampling_from_json(data: Any) -> Sampling:
+    if not isinstance(data, dict):
+        raise ValueError("sampling: expected an object")
+    ints = {"max_tokens", "top_k", "seed"}
+    values: dict[str, Any] = {}
+    for name in _SAMPLING_FIELDS:
+        value = data.get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"sampling.{name}: expected a number, got {value!r}")
+            value = int(value) if name in ints else float(value)
+        values[name] = value
+    return Sampling(
+        **values,
+        stop=tuple(str(s) for s in data.get("stop") or ()),
+        logit_bias={int(k): float(v) for k, v in (data.get("logit_bias") or {}).items()},
+    )
+
+
+def behaviour_to_json(behaviour: Behaviour) -> dict[str, Any]:
+    return {
+        "sampling": sampling_to_json(behaviour.sampling),
+        "logprobs": behaviour.logprobs.value,
+        "constrained": behaviour.constrained,
+        "enforced": behaviour.enforced,
+    }
+
+
+def behaviour_from_json(data: Any) -> Behaviour:
+    if not isinstance(data, dict):
+        raise ValueError("behaviour: expected an object")
+    return Behaviour(
+        sampling=sampling_from_json(data.get("sampling")),
+        logprobs=LogprobSource(data["logprobs"]),
+        constrained=bool(data.get("constrained", False)),
+        enforced=bool(data.get("enforced", False)),
+    )
+
+
+def distribution_to_json(dist: Distribution) -> dict[str, Any]:
+    return {
+        "temperature": dist.temperature,
+        "top_p": dist.top_p,
+        "top_k": dist.top_k,
+        "min_p": dist.min_p,
+    }
+
+
+def distribution_from_json(data: Any) -> Distribution:
+    """Raises ``ValueError`` naming the problem (a missing or out-of-range setting)."""
+    if not isinstance(data, dict):
+        raise ValueError("sampling: expected an object")
+    unknown = sorted(set(data) - {"temperature", "top_p", "top_k", "min_p"})
+    if unknown:
+        raise ValueError(f"sampling: unknown setting {unknown[0]!r}")
+    top_k = data.get("top_k", 0)
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise ValueError(f"sampling.top_k: expected an integer, got {top_k!r}")
+    numbers = {}
+    for name, default in (("temperature", 1.0), ("top_p", 1.0), ("min_p", 0.0)):
+        value = data.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"sampling.{name}: expected a number, got {value!r}")
+        numbers[name] = float(value)
+    return Distribution(top_k=top_k, **numbers)

@@ -176,6 +176,10 @@ class EditKind(StrEnum):
     CLAMPED_MAX_TOKENS = "clamped_max_tokens"
     """The limit asked was more than the context leaves after the prompt."""
 
+    ENFORCED_SAMPLING = "enforced_sampling"
+    """The session's sampling policy replaced what the harness asked (temperature,
+    top-p, top-k, min-p; penalties, logit bias and seed dropped)."""
+
 
 @dataclass(frozen=True, slots=True)
 class RequestEdit:

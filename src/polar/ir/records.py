@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from polar.ir.behaviour import Behaviour
 from polar.ir.completion import FinishReason, Usage
 from polar.ir.messages import JsonObject, Message, RequestEdit
 
@@ -173,6 +174,9 @@ class CompletionRecord:
     """Changes the gateway made to the request before rendering it."""
     delivery_flags: tuple[DeliveryFlag, ...] = ()
     """Where delivery and the sampled ids disagree (see :class:`DeliveryIssue`)."""
+    behaviour: Behaviour | None = None
+    """The sampling settings the engine drew the output with, and what its logprobs
+    are of (:mod:`polar.ir.behaviour`); ``None`` on records made before they were kept."""
 
     @property
     def key(self) -> str:

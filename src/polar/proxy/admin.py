@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from polar.ir.codec import record_to_json
+from polar.proxy.behaviour import SamplingPolicy
 from polar.proxy.errors import AuthenticationFailed, InvalidRequest, NotFound, ProxyError
 from polar.proxy.gateway import Gateway
 from polar.proxy.inbound import api_key_of, read_json_object, validate
@@ -29,6 +30,8 @@ class CreateSession(BaseModel):
     model_config = ConfigDict(extra="forbid")
     session_id: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    sampling: SamplingPolicy | None = None
+    """Enforced on every call of the session (:mod:`polar.proxy.behaviour`)."""
 
 
 class Pause(BaseModel):
@@ -80,19 +83,25 @@ def _session_json(session_id: str, gateway: Gateway) -> dict[str, Any]:
         "created_at": row.created_at,
         "closed_at": row.closed_at,
         "metadata": row.metadata,
+        "sampling": SamplingPolicy.of(row.sampling).model_dump() if row.sampling else None,
         "calls": row.last_seq,
     }
 
 
 async def create_session(request: Request, gateway: Gateway) -> Response:
     spec = validate(CreateSession, await _body(request))
-    new = await gateway.sessions.create(session_id=spec.session_id, metadata=spec.metadata)
+    new = await gateway.sessions.create(
+        session_id=spec.session_id,
+        metadata=spec.metadata,
+        sampling=spec.sampling.distribution() if spec.sampling else None,
+    )
     return JSONResponse(
         {
             "session_id": new.session.id,
             "api_key": new.api_key,
             "created_at": new.session.created_at,
             "metadata": new.session.metadata,
+            "sampling": spec.sampling.model_dump() if spec.sampling else None,
         },
         status_code=201,
     )

@@ -26,6 +26,7 @@ from jinja2 import TemplateError
 
 from polar.configfile import ConfigError
 from polar.ir import (
+    Behaviour,
     CaptureMode,
     ChatRequest,
     DeliveryFlag,
@@ -35,6 +36,7 @@ from polar.ir import (
     FinishReason,
     ImagePart,
     JsonObject,
+    LogprobSource,
     MalformedToolCall,
     PromptLineage,
     PromptTokens,
@@ -45,6 +47,7 @@ from polar.ir import (
     ToolCall,
     ToolSpec,
 )
+from polar.proxy.behaviour import behaviour_of
 from polar.proxy.config import GatewayConfig
 from polar.proxy.engines.base import NO_HEADERS, ChatEngine, Headers, TokenEngine, TokenRequest
 from polar.proxy.engines.registry import CHAT_ENGINES, TOKEN_ENGINES, context_window, engine_factory
@@ -79,6 +82,8 @@ class PreparedCall:
     engine is called); else reported by the engine as it answers."""
     packed_prompt: bytes | None = None
     """``prompt_ids`` packed, when the gateway has them so already."""
+    behaviour: Behaviour | None = None
+    """The sampling settings sent and what the engine's logprobs are of."""
 
 
 class Capture(Protocol):
@@ -129,10 +134,12 @@ class EngineRendered:
         *,
         reparse: Reparse | None = None,
         context: ContextWindow | None = None,
+        logprobs: LogprobSource = LogprobSource.RAW,
     ) -> None:
         self.engine = engine
         self.reparse = reparse
         self.context = context or ContextWindow()
+        self.logprobs = logprobs
 
     @property
     def engine_name(self) -> str:
@@ -153,8 +160,11 @@ class EngineRendered:
             request, prompt_tokens=prompt, context=context, default=self.context.default_max_tokens
         )
         call = self.engine.prepare(request, headers=headers)
+        behaviour = behaviour_of(request, self.logprobs, guided=True)
         if self.reparse is None:
-            return PreparedCall(body=call.body, events=call.events, edits=edits)
+            return PreparedCall(
+                body=call.body, events=call.events, edits=edits, behaviour=behaviour
+            )
         redelivery = Redelivery(
             self.reparse.text,
             self.reparse.parser,
@@ -168,6 +178,7 @@ class EngineRendered:
             malformed=redelivery.malformed,
             delivery_flags=redelivery.flags,
             edits=edits,
+            behaviour=behaviour,
         )
 
     async def count_tokens(self, request: ChatRequest) -> int:
@@ -189,9 +200,11 @@ class GatewayRendered:
         stop_token_ids: tuple[int, ...] = (),
         context: ContextWindow | None = None,
         offload: Offload | None = None,
+        logprobs: LogprobSource = LogprobSource.RAW,
     ) -> None:
         self.template = template
         self.engine = engine
+        self.logprobs = logprobs
         self.context = context or ContextWindow()
         self._parser = parser
         self._offload = offload or Offload(workers=2, budget_bytes=64 << 20)
@@ -273,6 +286,8 @@ class GatewayRendered:
             edits=edits,
             prompt_ids=plan.ids,
             packed_prompt=plan.packed,
+            # Token routes take no constraints: nothing masks the distribution.
+            behaviour=behaviour_of(request, self.logprobs, guided=False),
         )
 
     async def _parse(
@@ -394,12 +409,14 @@ def build_capture(
                 "engine.kind: the embedded engine takes token ids; use capture: token_in_token_out"
             )
         chat = engine_factory(kind, CHAT_ENGINES)(config)
+        logprobs = config.engine.logprob_source
         if config.render.engine_output == "engine_parser":
-            return EngineRendered(chat, context=context)
+            return EngineRendered(chat, context=context, logprobs=logprobs)
         template = template or _template(config)
         return EngineRendered(
             chat,
             context=context,
+            logprobs=logprobs,
             reparse=Reparse(
                 text=template.text,
                 parser=_parser_options(config),
@@ -414,6 +431,7 @@ def build_capture(
         stop_token_ids=tuple(config.render.stop_token_ids),
         context=context,
         offload=offload,
+        logprobs=config.engine.logprob_source,
     )
 
 

@@ -13,7 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from polar.configfile import load_config
-from polar.ir import CaptureMode
+from polar.ir import CaptureMode, LogprobSource, Sampling
+from polar.proxy.behaviour import SamplingPolicy
 
 
 class _Section(BaseModel):
@@ -83,6 +84,23 @@ class EngineConfig(_Section):
         ge=1,
         description="Output limit for calls that ask for none (default: the rest of the context).",
     )
+    logprobs: LogprobSource | None = Field(
+        default=None,
+        description="What the engine's reported logprobs are of: raw (before temperature and "
+        "truncation: vLLM's default), scaled (after temperature: SGLang's default) or "
+        "processed (the distribution sampled from: vLLM with --logprobs-mode "
+        "processed_logprobs, the embedded engine). Default: by kind (vllm raw, sglang scaled, "
+        "embedded processed, a plug-in raw). A trainer trains only tokens whose sampling "
+        "distribution these logprobs are of.",
+    )
+
+    @property
+    def logprob_source(self) -> LogprobSource:
+        if self.logprobs is not None:
+            return self.logprobs
+        return {"sglang": LogprobSource.SCALED, "embedded": LogprobSource.PROCESSED}.get(
+            self.kind, LogprobSource.RAW
+        )
 
     @field_validator("base_url")
     @classmethod
@@ -207,6 +225,38 @@ class LimitsConfig(_Section):
     )
 
 
+class SamplingDefaults(_Section):
+    """Values for the settings a harness leaves unset (each default: the model's
+    generation config in ``render.tokenizer``, else the neutral value)."""
+
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = Field(default=None, gt=0)
+
+    def sampling(self) -> Sampling:
+        return Sampling(**self.model_dump())
+
+
+class SamplingConfig(_Section):
+    """What calls are sampled with (:mod:`polar.proxy.behaviour`)."""
+
+    policy: SamplingPolicy | None = Field(
+        default=None,
+        description="Enforced on every call of a session that has no policy of its own: "
+        "temperature, top_p, top_k, min_p replace what the harness asked; penalties, logit "
+        "bias and seed are dropped. Default: none (the harness's settings stand).",
+    )
+    defaults: SamplingDefaults = Field(
+        default=SamplingDefaults(),
+        description="Sent for settings a harness leaves unset (default: the model's "
+        "generation_config.json in render.tokenizer, else neutral).",
+    )
+
+
 class OpenAIChatConfig(_Section):
     reasoning_field: Literal["reasoning_content", "reasoning", "none"] = Field(
         default="reasoning_content",
@@ -235,6 +285,7 @@ class GatewayConfig(_Section):
     store: StoreConfig = StoreConfig()
     limits: LimitsConfig = LimitsConfig()
     dialects: DialectsConfig = DialectsConfig()
+    sampling: SamplingConfig = SamplingConfig()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     workers: int = Field(
         default=1,

@@ -20,8 +20,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from polar.ir import CompletionRecord, Dialect
+from polar.proxy.behaviour import SamplingRules, defaults_over
 from polar.proxy.capture import Capture, build_capture
 from polar.proxy.config import GatewayConfig
+from polar.proxy.engines.defaults import model_defaults
 from polar.proxy.errors import AuthenticationFailed, StoreUnavailable
 from polar.proxy.gate import Gate
 from polar.proxy.inbound import BodyLimits
@@ -37,6 +39,18 @@ _log = logging.getLogger(__name__)
 
 # Distinct unknown request field names remembered (and logged once each).
 MAX_UNKNOWN_FIELDS = 256
+
+
+def sampling_rules(config: GatewayConfig) -> SamplingRules:
+    """The sampling rules ``config`` describes: its policy, and for unset settings its
+    defaults over the model's generation config (:mod:`polar.proxy.behaviour`)."""
+    policy = config.sampling.policy
+    return SamplingRules(
+        defaults=defaults_over(
+            config.sampling.defaults.sampling(), model_defaults(config.render.tokenizer)
+        ),
+        policy=policy.distribution() if policy is not None else None,
+    )
 
 
 class Gateway:
@@ -84,6 +98,7 @@ class Gateway:
             max_attempts=config.engine.max_attempts,
             retry_backoff_s=config.engine.retry_backoff_s,
             pause_wait_s=limits.pause_wait_s,
+            sampling=sampling_rules(config),
         )
         self._unknown_fields: set[tuple[Dialect, str]] = set()
         self._unknown_overflow = False

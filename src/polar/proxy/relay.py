@@ -21,7 +21,10 @@ client. The relay guarantees:
   attempt its own record with its own ``x-request-id``;
 * a session's calls are counted from arrival until their outcome is written
   (:class:`~polar.proxy.sessions.CallTracker`), the barrier a trajectory build
-  waits on.
+  waits on;
+* every call goes to the engine with explicit sampling settings, the
+  session's policy enforced (:mod:`polar.proxy.behaviour`), and its record
+  says what they were and what the engine's logprobs are of.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from polar.ir import (
     Usage,
 )
 from polar.ir.tokenids import TokenRun, pack
+from polar.proxy.behaviour import SamplingRules
 from polar.proxy.capture import Capture, PreparedCall
 from polar.proxy.engines.base import SESSION_HEADER
 from polar.proxy.errors import EngineError, EngineProtocolError, StoreUnavailable
@@ -254,6 +258,7 @@ class _Attempt:
             "stream": self.call.request.stream,
             "original_request": self.call.original,
             "engine_request": self.prepared.body,
+            "behaviour": self.prepared.behaviour,
         }
 
 
@@ -269,8 +274,10 @@ class Relay:
         max_attempts: int,
         retry_backoff_s: float,
         pause_wait_s: float,
+        sampling: SamplingRules | None = None,
     ) -> None:
         self.capture = capture
+        self.sampling = sampling or SamplingRules()
         self._store = store
         self._gate = gate
         self._transcripts = transcripts
@@ -299,6 +306,9 @@ class Relay:
         """Serve one call; yields the prompt ids once known (again for each
         attempt), deltas as they arrive, and the finish event last."""
         seq = call.session.next_seq()
+        call = dataclasses.replace(
+            call, request=self.sampling.apply(call.request, call.session.sampling)
+        )
         transcript = self._transcripts.get(call.session.id)
         with self._calls.track(call.session.id):
             async with self._gate.admit(wait_s=self._pause_wait) as policy_version:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from polar.ir import Distribution
 from polar.proxy.errors import InvalidRequest, NotFound
 from polar.proxy.store import SessionRow, SqliteStore
 
@@ -40,6 +41,8 @@ class Session:
     metadata: dict[str, Any] = field(default_factory=dict)
     closed: bool = False
     last_seq: int = 0
+    sampling: Distribution | None = None
+    """The session's sampling policy, enforced on every call (:mod:`polar.proxy.behaviour`)."""
 
     def next_seq(self) -> int:
         """The next call's sequence number; assigned when the call arrives."""
@@ -77,6 +80,7 @@ class SessionRegistry:
                     created_at=row.created_at,
                     metadata=row.metadata,
                     last_seq=row.last_seq,
+                    sampling=row.sampling,
                 )
             )
 
@@ -85,7 +89,11 @@ class SessionRegistry:
         self._by_hash[session.key_hash] = session
 
     async def create(
-        self, *, session_id: str | None = None, metadata: dict[str, Any] | None = None
+        self,
+        *,
+        session_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        sampling: Distribution | None = None,
     ) -> NewSession:
         sid = f"ses_{secrets.token_hex(12)}" if session_id is None else session_id
         if not isinstance(sid, str) or not SESSION_ID.fullmatch(sid):
@@ -96,7 +104,11 @@ class SessionRegistry:
             raise InvalidRequest(f"session {sid!r} already exists", param="session_id")
         api_key = f"sk-polar-{secrets.token_urlsafe(32)}"
         session = Session(
-            id=sid, key_hash=hash_key(api_key), created_at=time.time(), metadata=metadata or {}
+            id=sid,
+            key_hash=hash_key(api_key),
+            created_at=time.time(),
+            metadata=metadata or {},
+            sampling=sampling,
         )
         await self._store.insert_session(
             SessionRow(
@@ -106,6 +118,7 @@ class SessionRegistry:
                 closed_at=None,
                 metadata=session.metadata,
                 last_seq=0,
+                sampling=sampling,
             )
         )
         self._add(session)

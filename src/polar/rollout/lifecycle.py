@@ -247,6 +247,7 @@ class Pipeline:
                         "harness": dispatch.harness.name,
                         "node_id": self.settings.node_id,
                     },
+                    sampling=dispatch.sampling.distribution() if dispatch.sampling else None,
                 )
                 session.api_key, session.gateway_open = created.api_key, True
                 address = self.settings.gateway_address

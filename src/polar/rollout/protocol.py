@@ -22,7 +22,8 @@ from pydantic import (
     model_validator,
 )
 
-from polar.ir import DeliveryIssue
+from polar.ir import DeliveryIssue, Unreproducible
+from polar.proxy.behaviour import SamplingPolicy
 from polar.tasks.model import Task
 from polar.trajectory.export import SampleRow
 from polar.trajectory.trace import Accounting, BreakReason, Fate
@@ -121,6 +122,10 @@ class TaskSubmission(_Model):
     conversations: bool = False
     """Also return each sample's conversation as OpenAI chat messages (see
     :mod:`polar.rollout.conversation`): what SFT exports need, not a trainer."""
+    sampling: SamplingPolicy | None = None
+    """Enforced on every model call of the task's sessions, whatever the harness asks
+    (:mod:`polar.proxy.behaviour`); none: the harness's own settings (what it leaves
+    unset filled with the node gateway's defaults)."""
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -149,6 +154,7 @@ class SessionDispatch(_Model):
     group_id: str
     all_traces: bool = False
     conversations: bool = False
+    sampling: SamplingPolicy | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     result_url: str | None = None
     """Where the node POSTs the :class:`SessionResult` (None: kept for polling)."""
@@ -167,6 +173,8 @@ class SessionAccounting(_Model):
     breaks: dict[BreakReason, int] = Field(default_factory=dict)
     malformed_tool_calls: int = Field(default=0, ge=0)
     delivery_flags: dict[DeliveryIssue, int] = Field(default_factory=dict)
+    unreproducible: dict[Unreproducible, int] = Field(default_factory=dict)
+    """Delivered tokens whose sampling distribution a trainer cannot reproduce, by why."""
 
     @classmethod
     def of(cls, accounting: Accounting) -> SessionAccounting:
@@ -179,6 +187,7 @@ class SessionAccounting(_Model):
             breaks=dict(accounting.breaks),
             malformed_tool_calls=accounting.malformed_tool_calls,
             delivery_flags=dict(accounting.delivery_flags),
+            unreproducible=dict(accounting.unreproducible),
         )
 
 

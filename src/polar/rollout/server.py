@@ -503,6 +503,7 @@ class RolloutServer:
             group_id=sub.group_id or session.task_id,
             all_traces=sub.all_traces,
             conversations=sub.conversations,
+            sampling=sub.sampling,
             metadata=sub.metadata,
             result_url=f"{self.public_url}/callbacks/sessions",
         )

@@ -5,16 +5,24 @@ microbatches of tensors.
 Nothing is re-tokenised: a row is a sample's ``prompt_ids + response_ids``,
 exactly the tokens the engine saw and sampled (the rollout's samples, built by
 ``prefix_merge`` or ``per_request`` on the node). Only the loss-masked
-response tokens are trained, each with the logprob the engine recorded.
+response tokens are trained, each with the logprob the engine recorded and
+the distribution it was drawn from (the sample's ``sampling``). A sample whose
+distribution cannot be reproduced (:class:`polar.ir.Unreproducible`: greedy,
+penalties, logprobs of another distribution...) is not trained; its tokens
+are counted by why (:func:`unreproducible_tokens`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
+from polar.distribution import Settings
+from polar.ir import Distribution, Unreproducible
+from polar.ir.behaviour import MODEL
 from polar.rollout.protocol import TaskResult
 from polar.train.grpo import (
     Aggregation,
@@ -115,6 +123,8 @@ class Row:
     weight: float
     """Factor on the sum of this row's token losses (the aggregation's normalisation)."""
     policy_version: int
+    sampling: Distribution = MODEL
+    """The distribution its sampled tokens were drawn from (and recomputed under)."""
 
     @property
     def loss_tokens(self) -> int:
@@ -151,17 +161,48 @@ def rows_of(
 ) -> list[Row]:
     """Every trace of every session as a row; each trace's advantage is its
     session's times the trace's class ``reward_scale``; weights normalise over
-    all the rows given (one optimizer step's worth)."""
-    pending: list[tuple[str, Sample, float, tuple[int, ...]]] = []
+    all the rows given (one optimizer step's worth). Traces whose sampling
+    distribution cannot be reproduced are left out (:func:`unreproducible_tokens`)."""
+    pending: list[_Pending] = []
     for group in groups:
         for session in group.sessions:
             advantage = advantages.by_session[session.session_id]
             for sample in session.samples:
+                if isinstance(sample.sampling, Unreproducible):
+                    continue
                 mask = sample.loss_mask
                 if missing_logprob is MissingLogprob.DROP:
                     mask = tuple(m & p for m, p in zip(mask, sample.logprob_mask, strict=True))
-                pending.append((session.session_id, sample, advantage * sample.reward_scale, mask))
+                pending.append(
+                    _Pending(
+                        session.session_id,
+                        sample,
+                        advantage * sample.reward_scale,
+                        mask,
+                        sample.sampling,
+                    )
+                )
     return _weighted(pending, aggregation)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    session: str
+    sample: Sample
+    advantage: float
+    mask: tuple[int, ...]
+    sampling: Distribution
+
+
+def unreproducible_tokens(groups: Sequence[Group]) -> Counter[Unreproducible]:
+    """Loss tokens :func:`rows_of` leaves out, by why their distribution is unknown."""
+    counts: Counter[Unreproducible] = Counter()
+    for group in groups:
+        for session in group.sessions:
+            for sample in session.samples:
+                if isinstance(sample.sampling, Unreproducible):
+                    counts[sample.sampling] += sum(sample.loss_mask)
+    return counts
 
 
 def reweighted(rows: Sequence[Row], aggregation: Aggregation) -> list[Row]:
@@ -171,25 +212,24 @@ def reweighted(rows: Sequence[Row], aggregation: Aggregation) -> list[Row]:
     return [replace(r, weight=w) for r, w in zip(rows, weights, strict=True)]
 
 
-def _weighted(
-    pending: list[tuple[str, Sample, float, tuple[int, ...]]], aggregation: Aggregation
-) -> list[Row]:
-    shapes = [TraceShape(session, sum(mask)) for session, _, _, mask in pending]
+def _weighted(pending: list[_Pending], aggregation: Aggregation) -> list[Row]:
+    shapes = [TraceShape(p.session, sum(p.mask)) for p in pending]
     weights = trace_weights(shapes, aggregation)
     return [
         Row(
-            session=session,
-            ids=sample.prompt_ids + sample.response_ids,
-            start=len(sample.prompt_ids),
-            loss_mask=mask,
-            rollout_logprobs=sample.rollout_logprobs,
-            logprob_mask=sample.logprob_mask,
-            advantage=advantage,
+            session=p.session,
+            ids=p.sample.prompt_ids + p.sample.response_ids,
+            start=len(p.sample.prompt_ids),
+            loss_mask=p.mask,
+            rollout_logprobs=p.sample.rollout_logprobs,
+            logprob_mask=p.sample.logprob_mask,
+            advantage=p.advantage,
             weight=weight,
-            policy_version=sample.policy_version,
+            policy_version=p.sample.policy_version,
+            sampling=p.sampling,
         )
-        for (session, sample, advantage, mask), weight in zip(pending, weights, strict=True)
-        if sum(mask) > 0
+        for p, weight in zip(pending, weights, strict=True)
+        if sum(p.mask) > 0
     ]
 
 
@@ -226,6 +266,8 @@ class MicroBatch:
     advantages: torch.Tensor
     weights: torch.Tensor
     versions: torch.Tensor
+    sampling: Settings
+    """Each loss token's sampling distribution (:mod:`polar.distribution`)."""
     tokens: int
     """Real (unpadded) tokens in the forward pass."""
 
@@ -248,6 +290,7 @@ def _collate(pack: list[Row], pad_id: int) -> MicroBatch:
     ids = torch.full((len(pack), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(pack), width), dtype=torch.long)
     rows, cols, targets, rollout, rmask, adv, weight, version = [], [], [], [], [], [], [], []
+    sampling: list[Distribution] = []
     for b, row in enumerate(pack):
         ids[b, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
         attention[b, : len(row.ids)] = 1
@@ -265,6 +308,7 @@ def _collate(pack: list[Row], pad_id: int) -> MicroBatch:
             adv.append(row.advantage)
             weight.append(row.weight)
             version.append(row.policy_version)
+            sampling.append(row.sampling)
     return MicroBatch(
         input_ids=ids,
         attention_mask=attention,
@@ -276,5 +320,6 @@ def _collate(pack: list[Row], pad_id: int) -> MicroBatch:
         advantages=torch.tensor(adv, dtype=torch.float32),
         weights=torch.tensor(weight, dtype=torch.float64),
         versions=torch.tensor(version, dtype=torch.long),
+        sampling=Settings.of(sampling),
         tokens=sum(len(r.ids) for r in pack),
     )

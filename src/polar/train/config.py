@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from polar.configfile import load_config
+from polar.proxy.behaviour import SamplingPolicy
 from polar.rollout.protocol import HarnessSpec
 from polar.train.grpo import Aggregation, Baseline, MissingLogprob
 
@@ -55,6 +56,12 @@ class RolloutSettings(_Section):
     """Longest wait for one group's result before the run stops with an error."""
     shuffle: bool = True
     """Visit the tasks in a seeded random order, reshuffled every pass."""
+    sampling: SamplingPolicy | None = SamplingPolicy()
+    """The run's sampling policy, enforced by the node gateways on every call of every
+    training session whatever the harness asks (default: temperature 1, no top-p,
+    top-k or min-p: the model's own distribution). ``null``: each harness's own
+    settings; every record still says which, and tokens whose distribution the
+    trainer cannot reproduce are left out and counted (``tokens/unreproducible_*``)."""
 
     @model_validator(mode="after")
     def _check(self) -> RolloutSettings:
@@ -110,8 +117,16 @@ class GrpoSettings(_Section):
     tis_cap: float = Field(default=2.0, ge=1)
     missing_logprob: MissingLogprob = MissingLogprob.TRUST
     kl_coef: float = Field(default=0.0, ge=0)
-    temperature: float = Field(default=1.0, gt=0)
-    """The sampling temperature the engine's logprobs refer to (logits are divided by it)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "temperature" in data:
+            raise ValueError(
+                "temperature: removed; the trainer computes every token's logprob under the "
+                "settings it was sampled with (set the run's policy in rollout.sampling)"
+            )
+        return data
 
 
 class OptimSettings(_Section):
@@ -155,6 +170,10 @@ class EvalSettings(_Section):
     every: int = Field(default=0, ge=0)
     """Evaluate every this many steps (0: only before the first and after the last)."""
     group_size: int = Field(default=1, ge=1)
+    sampling: SamplingPolicy | None = None
+    """Default: the rollout's policy (``rollout.sampling``)."""
+    greedy: bool = False
+    """Also evaluate with greedy decoding (metrics ``eval_greedy/*``)."""
 
 
 class TrainConfig(_Section):

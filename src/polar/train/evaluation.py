@@ -19,9 +19,11 @@ def evaluate(
     request: GroupRequest,
     *,
     policy_version: int,
+    prefix: str = "eval",
 ) -> dict[str, float]:
     """``eval/reward_mean``, ``eval/solved_fraction``, ``eval/usable`` over every
-    usable session of every task (an unusable session is not a zero)."""
+    usable session of every task (an unusable session is not a zero); ``prefix``
+    names the metrics (``eval_greedy``...)."""
     views = [
         client.submit(
             TaskSubmission(
@@ -32,6 +34,7 @@ def evaluate(
                 session_timeout_s=request.session_timeout_s,
                 max_resamples=request.max_resamples,
                 policy_version=policy_version,
+                sampling=request.sampling,
                 metadata={"purpose": "eval"},
             )
         )
@@ -43,8 +46,8 @@ def evaluate(
         bool(r.resolved) for t in results for r in t.results if r.usable and r.reward is not None
     ]
     return {
-        "eval/reward_mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
-        "eval/solved_fraction": sum(solved) / len(solved) if solved else 0.0,
-        "eval/usable": float(len(rewards)),
-        "eval/sessions": float(sum(len(t.results) for t in results)),
+        f"{prefix}/reward_mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
+        f"{prefix}/solved_fraction": sum(solved) / len(solved) if solved else 0.0,
+        f"{prefix}/usable": float(len(rewards)),
+        f"{prefix}/sessions": float(sum(len(t.results) for t in results)),
     }

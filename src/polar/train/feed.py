@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
+from polar.proxy.behaviour import SamplingPolicy
 from polar.rollout.client import RolloutClient, RolloutError
 from polar.rollout.protocol import HarnessSpec, TaskResult, TaskSubmission
 from polar.tasks.model import Task
@@ -49,6 +50,8 @@ class GroupRequest:
     session_timeout_s: float
     max_resamples: int
     wait_s: float
+    sampling: SamplingPolicy | None = None
+    """Enforced on every call of the group's sessions (none: the harness's own)."""
 
 
 class RolloutFeed:
@@ -90,6 +93,7 @@ class RolloutFeed:
                 session_timeout_s=self._request.session_timeout_s,
                 max_resamples=self._request.max_resamples,
                 policy_version=policy_version,
+                sampling=self._request.sampling,
             )
             view = self._client.submit(submission)
             self.cursor += 1

@@ -6,6 +6,12 @@ minibatch is one optimizer step, accumulated over microbatches. ``pi_old`` is
 the model at the start of the step: with one minibatch it is the current
 forward pass detached (no extra pass); with more it is computed first, without
 gradients, for every microbatch.
+
+Every logprob (``pi_theta``, ``pi_old``, the reference model's) is of the
+distribution each token was sampled from (:mod:`polar.train.logprobs`), the
+one the engine's recorded logprob is of. A sampled token outside the support
+of the trainer's own distribution gets no weight and is counted
+(``trainer/outside_support_tokens``).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -26,7 +32,7 @@ from polar.train.grpo import (
     mismatch,
     tis_weights,
 )
-from polar.train.logprobs import token_logprobs
+from polar.train.logprobs import TokenLogprobs, token_logprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +41,6 @@ class LossSettings:
     clip_high: float = 0.28
     tis_cap: float = 2.0
     kl_coef: float = 0.0
-    temperature: float = 1.0
     aggregation: Aggregation = Aggregation.TOKEN_MEAN
 
 
@@ -59,6 +64,7 @@ class _Totals:
         self.logprobs_rollout: list[torch.Tensor] = []
         self.rollout_masks: list[torch.Tensor] = []
         self.versions: list[torch.Tensor] = []
+        self.outside = 0
 
     def add(self, name: str, values: torch.Tensor) -> None:
         if values.numel() == 0:
@@ -100,7 +106,7 @@ def train_step(
         with torch.no_grad():
             for i, mbs in enumerate(packed):
                 for j, mb in enumerate(mbs):
-                    old[i][j] = _logprobs(model, mb, loss, settings)
+                    old[i][j] = _logprobs(model, mb, settings).values
     totals = _Totals()
     tokens = 0
     loss_tokens = 0
@@ -108,7 +114,15 @@ def train_step(
     for i, mbs in enumerate(packed):
         optimizer.zero_grad(set_to_none=True)
         for j, mb in enumerate(mbs):
-            logprobs = _logprobs(model, mb, loss, settings)  # [N]
+            logprobs, outside = _logprobs(model, mb, settings)  # [N], [N]
+            if outside.any():
+                # Sampled, but outside the support the trainer's logits give: no weight.
+                mb = replace(
+                    mb,
+                    weights=torch.where(outside, 0.0, mb.weights),
+                    rollout_mask=mb.rollout_mask & ~outside,
+                )
+                totals.outside += int(outside.sum())
             reference = old[i][j]
             old_lp = logprobs.detach() if reference is None else reference
             objective = _objective(model, mb, logprobs, old_lp, loss, totals, ref_model)
@@ -130,10 +144,8 @@ def train_step(
     return _metrics(totals, tokens, loss_tokens, grad_norms, elapsed, len(rows), policy_version)
 
 
-def _logprobs(
-    model: Any, mb: MicroBatch, loss: LossSettings, settings: StepSettings
-) -> torch.Tensor:
-    return token_logprobs(model, mb, temperature=loss.temperature, chunk=settings.logprob_chunk)
+def _logprobs(model: Any, mb: MicroBatch, settings: StepSettings) -> TokenLogprobs:
+    return token_logprobs(model, mb, chunk=settings.logprob_chunk)
 
 
 def _objective(
@@ -157,7 +169,7 @@ def _objective(
     per_token = tis.to(pg.dtype) * pg
     if ref_model is not None and loss.kl_coef > 0:
         with torch.no_grad():
-            ref = token_logprobs(ref_model, mb, temperature=loss.temperature)
+            ref = token_logprobs(ref_model, mb).values
         kl = kl_k3(logprobs, ref)
         per_token = per_token + loss.kl_coef * kl
         totals.add("kl", kl)
@@ -189,6 +201,7 @@ def _metrics(
         "trainer/seconds": elapsed,
         "trainer/tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
         "trainer/grad_norm": max(grad_norms) if grad_norms else 0.0,
+        "trainer/outside_support_tokens": float(totals.outside),
         "loss/pg": totals.sums.get("pg_loss", 0.0),
         "loss/objective": totals.sums.get("objective", 0.0),
     }

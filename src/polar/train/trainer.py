@@ -26,10 +26,17 @@ from typing import Any
 
 import torch
 
+from polar.proxy.behaviour import SamplingPolicy
 from polar.rollout.client import RolloutClient
 from polar.tasks import load_tasks
 from polar.tasks.model import Task
-from polar.train.batch import Group, advantages_of, group_from_result, rows_of
+from polar.train.batch import (
+    Group,
+    advantages_of,
+    group_from_result,
+    rows_of,
+    unreproducible_tokens,
+)
 from polar.train.checkpoint import (
     TrainState,
     list_checkpoints,
@@ -143,6 +150,7 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
         session_timeout_s=config.rollout.session_timeout_s,
         max_resamples=config.rollout.max_resamples,
         wait_s=config.rollout.group_timeout_s,
+        sampling=config.rollout.sampling,
     )
     feed = RolloutFeed(
         connect,
@@ -164,7 +172,6 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
         clip_high=config.grpo.clip_high,
         tis_cap=config.grpo.tis_cap,
         kl_coef=config.grpo.kl_coef,
-        temperature=config.grpo.temperature,
         aggregation=config.grpo.aggregation,
     )
     step_settings = StepSettings(
@@ -174,7 +181,11 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
         logprob_chunk=config.optim.logprob_chunk,
         pad_id=pad_id,
     )
-    eval_request = replace(request, group_size=config.eval.group_size)
+    eval_request = replace(
+        request,
+        group_size=config.eval.group_size,
+        sampling=config.eval.sampling or config.rollout.sampling,
+    )
     result = TrainResult(state.step, state.policy_version, out, None, counters=counters)
 
     def run_eval() -> dict[str, float]:
@@ -184,6 +195,15 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                 metrics |= evaluate(
                     client, eval_tasks, eval_request, policy_version=state.policy_version
                 )
+                if config.eval.greedy:
+                    greedy = replace(eval_request, sampling=SamplingPolicy(temperature=0.0))
+                    metrics |= evaluate(
+                        client,
+                        eval_tasks,
+                        greedy,
+                        policy_version=state.policy_version,
+                        prefix="eval_greedy",
+                    )
         if hooks.evaluate is not None:
             metrics |= hooks.evaluate(state.step, state.policy_version)
         return metrics
@@ -229,6 +249,16 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                 aggregation=config.grpo.aggregation,
                 missing_logprob=config.grpo.missing_logprob,
             )
+            left_out = unreproducible_tokens(groups)
+            for reason, n in left_out.items():
+                _count(counters, f"tokens/unreproducible_{reason.value}_total", n)
+            if left_out:
+                log.note(
+                    f"step {state.step + 1}: {sum(left_out.values())} sampled tokens not trained: "
+                    "the distribution they were drawn from cannot be reproduced ("
+                    + ", ".join(f"{r.value}: {n}" for r, n in sorted(left_out.items()))
+                    + "); see rollout.sampling and engine.logprobs"
+                )
 
             # ---------------------------------------------------------- loss and step
             step_metrics = train_step(
@@ -262,6 +292,7 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                 "reward/std": math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)),
                 "groups/trained": float(len(groups)),
                 "groups/zero_advantage_fraction": advantages.zero_advantage_groups / len(groups),
+                "tokens/unreproducible": float(sum(left_out.values())),
                 "staleness/mean": sum(staleness) / len(staleness),
                 "staleness/max": float(max(staleness)),
                 "push/drained_calls": float(push.drained_calls),

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from polar.ir import CompletionRecord, FinishReason
+from polar.ir import CompletionRecord, FinishReason, Unreproducible, distribution_of
 from polar.plugins import load_factory
 from polar.trajectory.chains import Link, form_chains, link_calls, logprobs_of, segments, select
 from polar.trajectory.classify import ClassConfig, Decode, RuleClaims, classify
@@ -181,6 +181,8 @@ def _trace(
         reward_scale=policy.reward_scale,
         truncated_turns=sum(calls[i].finish_reason in _CUT for i in members),
         malformed_tool_calls=sum(len(calls[i].malformed_tool_calls) for i in members),
+        # One per trace: segments break where it changes (chains.segments).
+        sampling=distribution_of(last.behaviour),
     )
 
 
@@ -219,6 +221,7 @@ def _trajectory(
             dict(Counter(f.issue for r in plan.records for f in r.delivery_flags))
         ),
         malformed_tool_calls=sum(len(r.malformed_tool_calls) for r in plan.records),
+        unreproducible=MappingProxyType(dict(_unreproducible(traces))),
     )
     chains = tuple(
         Chain(
@@ -239,6 +242,14 @@ def _trajectory(
         drift=tuple(_drift(plan, i) for i in range(len(plan.calls))),
         group_id=group_id,
     )
+
+
+def _unreproducible(traces: Sequence[Trace]) -> Counter[Unreproducible]:
+    counts: Counter[Unreproducible] = Counter()
+    for trace in traces:
+        if trace.trainable and isinstance(trace.sampling, Unreproducible):
+            counts[trace.sampling] += sum(trace.loss_mask)
+    return counts
 
 
 def _parent_key(plan: SessionPlan, i: int) -> str | None:

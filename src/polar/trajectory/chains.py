@@ -35,9 +35,10 @@ other child starts a new chain, a fork. A harness that edits a tool output or
 rolls history back thus *branches* the conversation at the last call the new
 prompt still contains; the longer branch continues the chain. A chain is cut
 into **segments** wherever the link between two calls is not clean (relation
-other than ``extends``/``closed``, or a change of policy version): a segment is
-exactly one prompt the engine saw plus what it sampled, so it becomes one trace
-and no token is dropped at a break.
+other than ``extends``/``closed``, a change of policy version, or a change of
+the sampling distribution, :func:`polar.ir.distribution_of`): a segment is
+exactly one prompt the engine saw plus what it sampled, under one policy and
+one distribution, so it becomes one trace and no token is dropped at a break.
 
 A turn cut at the length limit (no end-of-turn token) that the next prompt
 continues with the template's end-of-turn token is ``closed``, not a break:
@@ -53,7 +54,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import assert_never
 
-from polar.ir import CompletionRecord, RecordStatus
+from polar.ir import CompletionRecord, RecordStatus, distribution_of
 from polar.ir.tokenids import common_prefix
 from polar.ir.tokenids import pack as pack_ids
 from polar.trajectory.errors import BuildInputError
@@ -388,6 +389,8 @@ def segments(
             out.append((BREAKING.get(relation, BreakReason.EDITED), [i]))
         elif calls[i].policy_version != calls[previous].policy_version:
             out.append((BreakReason.POLICY_CHANGED, [i]))
+        elif distribution_of(calls[i].behaviour) != distribution_of(calls[previous].behaviour):
+            out.append((BreakReason.SAMPLING_CHANGED, [i]))
         else:
             out[-1][1].append(i)
     return out

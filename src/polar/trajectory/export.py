@@ -4,8 +4,9 @@ This is the one module of :mod:`polar.trajectory` that does I/O. Files are
 written to a temporary name in the target directory and renamed into place,
 so a failed export leaves nothing behind and never a half-written file.
 
-Schema (version 1; the Parquet file's metadata holds ``polar.samples.version``,
-JSONL rows carry the same fields as JSON values):
+Schema (version 2; the Parquet file's metadata holds ``polar.samples.version``,
+JSONL rows carry the same fields as JSON values; version 1 files, without the
+last two fields, are read as ``unreproducible: unrecorded``):
 
 - ``trace_id`` string: ``<session>/<chain>.<segment>``
 - ``session_id`` string: the gateway session
@@ -32,6 +33,13 @@ JSONL rows carry the same fields as JSON values):
   ``[sampled_start, end)`` in ``response_ids``
 - ``truncated_turns`` int32: calls cut short (length limit, or aborted by the engine)
 - ``malformed_tool_calls`` int32: tool calls the model wrote that did not parse
+- ``sampling`` struct<temperature, top_p float64, top_k int32, min_p float64>,
+  nullable: the distribution every sampled token was drawn from, whose logprobs
+  ``rollout_logprobs`` are (:class:`polar.ir.Distribution`); null when
+  ``unreproducible`` says why a trainer cannot recompute it
+- ``unreproducible`` string, nullable: ``greedy``, ``penalties``, ``logit_bias``,
+  ``constrained``, ``logprobs``, ``unknown_settings``, ``unrecorded``
+  (:class:`polar.ir.Unreproducible`); a trainer leaves these tokens out
 
 ``response_ids``, ``loss_mask``, ``rollout_logprobs`` and ``logprob_mask``
 always have the same length.
@@ -50,11 +58,13 @@ import orjson
 from typing_extensions import TypedDict
 
 from polar.atomicfile import atomic_path
-from polar.ir import FinishReason
+from polar.ir import Distribution, FinishReason, Unreproducible
+from polar.ir.codec import distribution_from_json
 from polar.trajectory.errors import ExportError
 from polar.trajectory.trace import BreakReason, ChainClass, Trajectory, TurnSpan
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+_READABLE_VERSIONS = (b"1", b"2")
 _VERSION_KEY = b"polar.samples.version"
 
 
@@ -97,9 +107,13 @@ class Sample:
     turn_offsets: tuple[TurnSpan, ...]
     truncated_turns: int
     malformed_tool_calls: int
+    sampling: Distribution | Unreproducible = Unreproducible.UNRECORDED
 
 
-FIELDS = tuple(Sample.__dataclass_fields__)
+FIELDS = (*Sample.__dataclass_fields__, "unreproducible")
+"""A row's fields, in order: a sample's, its ``sampling`` split into ``sampling``
+(a distribution) and ``unreproducible`` (why there is none)."""
+_V1_FIELDS = FIELDS[:-2]
 
 
 class TurnOffsetRow(TypedDict):
@@ -107,6 +121,13 @@ class TurnOffsetRow(TypedDict):
     start: int
     sampled_start: int
     end: int
+
+
+class SamplingRow(TypedDict):
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
 
 
 class SampleRow(TypedDict):
@@ -135,6 +156,8 @@ class SampleRow(TypedDict):
     turn_offsets: Sequence[TurnOffsetRow]
     truncated_turns: int
     malformed_tool_calls: int
+    sampling: SamplingRow | None
+    unreproducible: str | None
 
 
 def samples_of(trajectory: Trajectory, *, include_untrainable: bool = False) -> list[Sample]:
@@ -163,6 +186,7 @@ def samples_of(trajectory: Trajectory, *, include_untrainable: bool = False) -> 
             turn_offsets=t.turns,
             truncated_turns=t.truncated_turns,
             malformed_tool_calls=t.malformed_tool_calls,
+            sampling=t.sampling,
         )
         for t in trajectory.traces
         if t.trainable or include_untrainable
@@ -200,6 +224,10 @@ def row_of(sample: Sample) -> SampleRow:
         ],
         truncated_turns=sample.truncated_turns,
         malformed_tool_calls=sample.malformed_tool_calls,
+        sampling=_sampling_row(sample.sampling),
+        unreproducible=(
+            sample.sampling.value if isinstance(sample.sampling, Unreproducible) else None
+        ),
     )
 
 
@@ -207,7 +235,7 @@ def sample_from_row(row: Any, where: str = "row") -> Sample:
     """A sample from its JSON row, checked (:class:`ExportError` naming ``where``)."""
     if not isinstance(row, dict):
         raise ExportError(f"{where}: expected an object")
-    missing = [name for name in FIELDS if name not in row]
+    missing = [name for name in _V1_FIELDS if name not in row]
     if missing:
         raise ExportError(f"{where}: missing fields {missing}")
     try:
@@ -241,6 +269,7 @@ def sample_from_row(row: Any, where: str = "row") -> Sample:
             ),
             truncated_turns=_int(row["truncated_turns"]),
             malformed_tool_calls=_int(row["malformed_tool_calls"]),
+            sampling=_sampling(row),
         )
     except (TypeError, ValueError, KeyError) as exc:
         raise ExportError(f"{where}: {exc}") from None
@@ -248,6 +277,27 @@ def sample_from_row(row: Any, where: str = "row") -> Sample:
     if not (len(sample.loss_mask) == len(sample.rollout_logprobs) == len(sample.logprob_mask) == n):
         raise ExportError(f"{where}: response columns differ in length")
     return sample
+
+
+def _sampling_row(sampling: Distribution | Unreproducible) -> SamplingRow | None:
+    if isinstance(sampling, Unreproducible):
+        return None
+    return SamplingRow(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
+    )
+
+
+def _sampling(row: dict[str, Any]) -> Distribution | Unreproducible:
+    """A row's distribution, or why there is none (version 1 rows: ``unrecorded``)."""
+    reason = row.get("unreproducible")
+    if reason is not None:
+        return Unreproducible(reason)
+    if row.get("sampling") is None:
+        return Unreproducible.UNRECORDED
+    return distribution_from_json(row["sampling"])
 
 
 def _str(value: Any) -> str:
@@ -339,6 +389,18 @@ def _arrow_schema() -> Any:
             ("turn_offsets", pa.list_(span)),
             ("truncated_turns", pa.int32()),
             ("malformed_tool_calls", pa.int32()),
+            (
+                "sampling",
+                pa.struct(
+                    [
+                        ("temperature", pa.float64()),
+                        ("top_p", pa.float64()),
+                        ("top_k", pa.int32()),
+                        ("min_p", pa.float64()),
+                    ]
+                ),
+            ),
+            ("unreproducible", pa.string()),
         ],
         metadata={_VERSION_KEY: str(SCHEMA_VERSION).encode()},
     )
@@ -399,9 +461,11 @@ def _read_parquet(path: Path) -> list[Sample]:
     except (OSError, pa.ArrowException) as exc:
         raise ExportError(f"{path}: not a readable Parquet file ({exc})") from None
     version = (table.schema.metadata or {}).get(_VERSION_KEY)
-    if version != str(SCHEMA_VERSION).encode():
-        raise ExportError(f"{path}: not a Polar sample file of schema version {SCHEMA_VERSION}")
-    missing = [name for name in FIELDS if name not in table.column_names]
+    if version not in _READABLE_VERSIONS:
+        raise ExportError(
+            f"{path}: not a Polar sample file of schema version 1 or {SCHEMA_VERSION}"
+        )
+    missing = [name for name in _V1_FIELDS if name not in table.column_names]
     if missing:
         raise ExportError(f"{path}: missing columns {missing}")
     return [sample_from_row(row, f"{path}: row {i}") for i, row in enumerate(table.to_pylist())]

@@ -22,7 +22,14 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
 
-from polar.ir import CaptureMode, DeliveryIssue, FinishReason, PromptOrigin
+from polar.ir import (
+    CaptureMode,
+    DeliveryIssue,
+    Distribution,
+    FinishReason,
+    PromptOrigin,
+    Unreproducible,
+)
 
 
 class ChainClass(StrEnum):
@@ -73,6 +80,9 @@ class BreakReason(StrEnum):
     EDITED = "edited"
     POLICY_CHANGED = "policy_changed"
     """The call was sampled by another policy version than the one before it."""
+    SAMPLING_CHANGED = "sampling_changed"
+    """The call was sampled from another distribution (temperature, top-p, ...)
+    than the one before it, or one of them from none a trainer can reproduce."""
 
 
 BREAKING = {
@@ -150,6 +160,10 @@ class Trace:
     truncated_turns: int = 0
     """Turns of this trace cut short (length limit, or aborted by the engine)."""
     malformed_tool_calls: int = 0
+    sampling: Distribution | Unreproducible = Unreproducible.UNRECORDED
+    """The distribution every sampled token of the trace was drawn from and whose
+    logprobs ``response_logprobs`` are (one per trace: a change breaks the chain),
+    or why a trainer cannot reproduce it (:func:`polar.ir.distribution_of`)."""
 
     @property
     def id(self) -> str:
@@ -234,6 +248,11 @@ class Accounting:
     client was handed and the sampled ids disagree (engine-rendered capture)."""
     malformed_tool_calls: int = 0
     """Tool calls the model wrote that did not parse (handed to the client as text)."""
+    unreproducible: Mapping[Unreproducible, int] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """Delivered tokens whose sampling distribution a trainer cannot reproduce, by why
+    (a trainer leaves them out of the loss)."""
 
     @property
     def delivered_fraction(self) -> float:

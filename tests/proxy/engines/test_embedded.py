@@ -86,7 +86,12 @@ def test_sampling_rules() -> None:
         for _ in range(3)
     ]
     assert len(set(seeded)) == 1
-    raw = sample(logits, SamplingParams(temperature=0.5, top_k=2), torch.Generator().manual_seed(1))
+    raw = sample(
+        logits,
+        SamplingParams(temperature=0.5, top_k=2),
+        torch.Generator().manual_seed(1),
+        mode="raw",
+    )
     processed = sample(
         logits,
         SamplingParams(temperature=0.5, top_k=2),

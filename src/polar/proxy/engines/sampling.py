@@ -4,7 +4,10 @@ Every engine route takes the same settings; only two names differ. vLLM's
 chat and completions routes and SGLang's OpenAI-compatible chat route use the
 OpenAI names (``max_tokens``, ``seed``); SGLang's native ``/generate`` takes
 ``sampling_params`` with ``max_new_tokens`` and ``sampling_seed``. A setting
-left ``None`` is not sent, so the engine's own default applies.
+left ``None`` is not sent, so the engine's own default applies (the gateway
+sends every setting that shapes the distribution, :mod:`polar.proxy.behaviour`).
+"No top-k limit" (0 in the IR) goes out as -1, which vLLM and SGLang both read
+as disabled (SGLang refuses 0).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def sampling_params(sampling: Sampling, names: SamplingNames = OPENAI_NAMES) -> 
         (names.max_tokens, sampling.max_tokens),
         ("temperature", sampling.temperature),
         ("top_p", sampling.top_p),
-        ("top_k", sampling.top_k),
+        ("top_k", -1 if sampling.top_k == 0 else sampling.top_k),
         ("min_p", sampling.min_p),
         ("presence_penalty", sampling.presence_penalty),
         ("frequency_penalty", sampling.frequency_penalty),

@@ -22,6 +22,11 @@ import httpx
 DEFAULT_ARGS = (
     "--dtype",
     "float32",
+    # Logprobs of the distribution each token was drawn from (after temperature,
+    # min-p, top-k, top-p), what a trainer corrects against: a gateway in front
+    # says so with engine.logprobs: processed.
+    "--logprobs-mode",
+    "processed_logprobs",
     "--enforce-eager",
     "--enable-auto-tool-choice",
     "--tool-call-parser",

@@ -27,6 +27,8 @@ from polar.ir import (
     Timings,
 )
 from polar.ir.codec import (
+    behaviour_from_json,
+    behaviour_to_json,
     delivery_flags_from_json,
     delivery_flags_to_json,
     lineage_from_json,
@@ -39,7 +41,7 @@ from polar.ir.codec import (
 from polar.ir.tokenids import pack, pack_floats, unpack, unpack_floats
 from polar.proxy.store.packing import join_body
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -48,7 +50,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     key_hash TEXT UNIQUE NOT NULL,
     created_at REAL NOT NULL,
     closed_at REAL,
-    metadata TEXT NOT NULL
+    metadata TEXT NOT NULL,
+    sampling TEXT
 );
 CREATE TABLE IF NOT EXISTS blobs (
     key BLOB PRIMARY KEY,
@@ -83,6 +86,7 @@ CREATE TABLE IF NOT EXISTS records (
     malformed TEXT,
     edits TEXT,
     delivery TEXT,
+    behaviour TEXT,
     UNIQUE (session_id, seq, attempt)
 );
 CREATE INDEX IF NOT EXISTS records_in_flight ON records(status) WHERE status = 'in_flight';
@@ -99,13 +103,17 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # 5: statuses in_flight / interrupted, and the partial index over in-flight rows
     # (created by SCHEMA); older readers would not know the statuses.
     5: (),
+    6: (
+        "ALTER TABLE records ADD COLUMN behaviour TEXT",
+        "ALTER TABLE sessions ADD COLUMN sampling TEXT",
+    ),
 }
 
 RECORD_COLUMNS = (
     "rowid, session_id, seq, attempt, status, dialect, capture, engine, model, policy_version, "
     "stream, finish_reason, error, timings, usage, message, original_request, engine_request, "
     "prompt_base, prompt_shared, prompt_tail, output_ids, output_logprobs, "
-    "lineage, malformed, edits, delivery"
+    "lineage, malformed, edits, delivery, behaviour"
 )
 
 # Columns a finished call changes on the row written when it was dispatched.
@@ -122,6 +130,7 @@ OUTCOME_COLUMNS = (
     "malformed",
     "edits",
     "delivery",
+    "behaviour",
 )
 
 
@@ -165,6 +174,7 @@ def outcome_values(record: CompletionRecord) -> tuple[Any, ...]:
             else None
         ),
         (dumps(delivery_flags_to_json(record.delivery_flags)) if record.delivery_flags else None),
+        dumps(behaviour_to_json(record.behaviour)) if record.behaviour else None,
     )
 
 
@@ -211,4 +221,5 @@ def record_from_row(
             for e in (orjson.loads(row[25]) if row[25] else ())
         ),
         delivery_flags=delivery_flags_from_json(orjson.loads(row[26]) if row[26] else ()),
+        behaviour=behaviour_from_json(orjson.loads(row[27])) if row[27] else None,
     )

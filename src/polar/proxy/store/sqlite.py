@@ -60,6 +60,7 @@ from typing import Any, Literal
 import orjson
 
 from polar.ir import CallError, CompletionRecord, ErrorKind, RecordStatus
+from polar.ir.codec import distribution_from_json
 from polar.ir.tokenids import TokenRun
 from polar.proxy.store.packing import decode_blob
 from polar.proxy.store.rows import (
@@ -403,7 +404,8 @@ class SqliteStore:
         with self._reader() as conn:
             rows = conn.execute(
                 "SELECT s.id, s.key_hash, s.created_at, s.closed_at, s.metadata, "
-                "COALESCE((SELECT MAX(seq) FROM records r WHERE r.session_id = s.id), 0) "
+                "COALESCE((SELECT MAX(seq) FROM records r WHERE r.session_id = s.id), 0), "
+                "s.sampling "
                 f"FROM sessions s {where} ORDER BY s.created_at",
                 args,
             ).fetchall()
@@ -415,6 +417,7 @@ class SqliteStore:
                 closed_at=r[3],
                 metadata=orjson.loads(r[4]),
                 last_seq=r[5],
+                sampling=distribution_from_json(orjson.loads(r[6])) if r[6] else None,
             )
             for r in rows
         ]

@@ -51,7 +51,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, assert_never
 
-from polar.ir import CallError, CompletionRecord, ErrorKind, RecordStatus
+from polar.ir import CallError, CompletionRecord, Distribution, ErrorKind, RecordStatus
+from polar.ir.codec import distribution_to_json
 from polar.ir.tokenids import WIDTH, TokenRun, common_prefix, pack
 from polar.proxy.logtext import describe
 from polar.proxy.store.packing import ListMemo, encode_blob, split_body
@@ -78,6 +79,8 @@ class SessionRow:
     closed_at: float | None
     metadata: dict[str, Any]
     last_seq: int
+    sampling: Distribution | None = None
+    """The session's sampling policy: every call's settings replaced by it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,9 +480,17 @@ class Writer:
         match op:
             case InsertSession(row=row):
                 conn.execute(
-                    "INSERT INTO sessions (id, key_hash, created_at, closed_at, metadata) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (row.id, row.key_hash, row.created_at, row.closed_at, dumps(row.metadata)),
+                    "INSERT INTO sessions "
+                    "(id, key_hash, created_at, closed_at, metadata, sampling) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        row.id,
+                        row.key_hash,
+                        row.created_at,
+                        row.closed_at,
+                        dumps(row.metadata),
+                        dumps(distribution_to_json(row.sampling)) if row.sampling else None,
+                    ),
                 )
             case CloseSession(session_id=session_id, closed_at=closed_at):
                 conn.execute(

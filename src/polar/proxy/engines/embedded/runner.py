@@ -21,10 +21,12 @@ model's own default from its ``generation_config.json`` (a Qwen3 checkpoint
 ships temperature 0.6, top-p 0.95, top-k 20), else the neutral one, as vLLM
 does with its default ``--generation-config auto``.
 
-Logprobs are those of the model's distribution before sampling transforms
-(temperature, top-k/p), as vLLM reports them by default
-(``logprobs_mode="raw"``); ``"processed"`` reports those of the distribution
-actually sampled from.
+Logprobs are those of the distribution each token was drawn from
+(``logprobs_mode="processed"``, the default: temperature, min-p, top-k and
+top-p applied as :mod:`polar.distribution` defines them, the same definition
+the trainer recomputes), as vLLM reports them with ``--logprobs-mode
+processed_logprobs``; ``"raw"`` reports the model's own distribution, vLLM's
+default.
 
 :meth:`ModelRunner.load_weights` swaps in new weights between batches, for a
 trainer that updates the policy in place.
@@ -40,6 +42,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+
+from polar.distribution import Settings, processed_logits
+from polar.ir import Distribution
+from polar.ir.behaviour import GREEDY_BELOW
+from polar.proxy.engines.defaults import generation_defaults
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,48 +87,38 @@ def sample(
     params: SamplingParams,
     generator: torch.Generator | None,
     *,
-    mode: Literal["raw", "processed"] = "raw",
+    mode: Literal["raw", "processed"] = "processed",
 ) -> tuple[int, float]:
-    """Pick a token from one row of logits; return it and its logprob."""
+    """Pick a token from one row of logits; return it and its logprob (of the
+    distribution sampled from, or with ``mode="raw"`` of the model's own)."""
     logits = logits.float()
     if params.logit_bias:
         logits = logits.clone()
         for token, bias in params.logit_bias:
             logits[token] += bias
-    raw = torch.log_softmax(logits, dim=-1)
-    if params.temperature <= 0:
+    if params.temperature < GREEDY_BELOW:
         token = int(torch.argmax(logits))
-        return token, float(raw[token])
-    scaled = logits / params.temperature
-    if params.top_k > 0 and params.top_k < scaled.numel():
-        kth = torch.topk(scaled, params.top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
-    if params.min_p > 0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    if params.top_p < 1.0:
-        ordered, index = torch.sort(probs, descending=True)
-        keep = torch.cumsum(ordered, dim=-1) - ordered < params.top_p
-        mask = torch.zeros_like(probs, dtype=torch.bool)
-        mask[index[keep]] = True
-        probs = probs.masked_fill(~mask, 0.0)
-    probs = probs / probs.sum()
-    token = int(torch.multinomial(probs, 1, generator=generator))
+        return token, float(torch.log_softmax(logits, dim=-1)[token])
+    settings = Settings.of(
+        [Distribution(params.temperature, params.top_p, params.top_k, params.min_p)]
+    )
+    processed = torch.log_softmax(processed_logits(logits.unsqueeze(0), settings)[0], dim=-1)
+    token = int(torch.multinomial(processed.exp(), 1, generator=generator))
     if mode == "processed":
-        return token, float(torch.log(probs[token]))
-    return token, float(raw[token])
+        return token, float(processed[token])
+    return token, float(torch.log_softmax(logits, dim=-1)[token])
 
 
 def default_sampling(generation_config: Any) -> SamplingParams:
-    """The sampling defaults a model's generation config sets (the values that
-    differ from Hugging Face's own defaults, as vLLM reads them), over neutral ones."""
-    diff = generation_config.to_diff_dict() if generation_config is not None else {}
-    neutral = SamplingParams()
+    """The sampling defaults a model's generation config sets, as vLLM reads them
+    (:func:`polar.proxy.engines.defaults.generation_defaults`)."""
+    defaults = generation_defaults(generation_config)
+    assert defaults.temperature is not None and defaults.top_p is not None
     return SamplingParams(
-        temperature=float(diff.get("temperature", neutral.temperature)),
-        top_p=float(diff.get("top_p", neutral.top_p)),
-        top_k=int(diff.get("top_k", neutral.top_k) or 0),
-        min_p=float(diff.get("min_p", neutral.min_p) or 0.0),
+        temperature=defaults.temperature,
+        top_p=defaults.top_p,
+        top_k=defaults.top_k or 0,
+        min_p=defaults.min_p or 0.0,
     )
 
 
@@ -132,7 +129,7 @@ class ModelRunner:
         *,
         max_batch: int = 8,
         threads: int | None = None,
-        logprobs_mode: Literal["raw", "processed"] = "raw",
+        logprobs_mode: Literal["raw", "processed"] = "processed",
         prefill_chunk: int = 1024,
         max_memory_bytes: int = 4 << 30,
     ) -> None:
@@ -345,4 +342,5 @@ def describe(runner: ModelRunner) -> dict[str, Any]:
             "min_p": runner.default_sampling.min_p,
         },
         "max_memory_bytes": runner.max_memory_bytes,
+        "logprobs_mode": runner.logprobs_mode,
     }
