@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from polar.distribution import Settings
 from polar.ir import Distribution, EditKind, LogprobSource, RecordStatus
 from polar.ir.behaviour import MODEL
+from polar.proxy.engines.vllm_process import VllmProcess
 from polar.train.batch import (
     Group,
     ScoredSession,
@@ -44,6 +46,7 @@ from polar.train.logprobs import token_logprobs
 from polar.train.step import LossSettings, StepSettings, train_step
 from polar.trajectory import BuildConfig, PrefixMerge, TurnFormat, samples_of
 
+from support.paths import VLLM_PYTHON
 from support.stack import Stack
 from support.training import EmbeddedEngine
 
@@ -111,6 +114,39 @@ def _group(stack: Stack, tokenizer: Any, sessions: list[str]) -> Group:
 def test_the_trainer_recomputes_the_distribution_each_token_was_drawn_from(
     stack: Stack, tokenizer: Any, model: Path
 ) -> None:
+    check_on_policy(stack, tokenizer, model)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_same_against_vllm(
+    make_stack: Any, tokenizer: Any, model: Path, tmp_path: Path
+) -> None:
+    """vLLM's CPU build, started as Polar starts it (processed logprobs), in front of it
+    the gateway in token-in/token-out mode saying so."""
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"{VLLM_PYTHON} is missing: run scripts/setup --vllm (scripts/check does)")
+    vllm = VllmProcess(
+        VLLM_PYTHON,
+        model,
+        served_name="tiny",
+        log_path=tmp_path / "vllm.log",
+        base_env=dict(os.environ),
+    )
+    with vllm:
+        stack: Stack = make_stack(
+            {"turns": []},
+            capture="token_in_token_out",
+            engine_url=vllm.url,
+            engine={"kind": "vllm", "model": "tiny", "logprobs": "processed"},
+            render={"tokenizer": str(model)},
+        )
+        check_on_policy(stack, tokenizer, model)
+
+
+def check_on_policy(stack: Stack, tokenizer: Any, model: Path) -> None:
+    """Three sessions through ``stack`` (asked 0.6/0.95; asked nothing; a policy of
+    temperature 1 over an ask of 0.6/0.95 and a penalty), then the trainer's checks."""
     asked_sid, asked_key = _session(stack)
     converse(stack, asked_key, 1, temperature=0.6, top_p=0.95)
     default_sid, default_key = _session(stack)

@@ -90,3 +90,17 @@ def test_settings_left_unset_are_not_sent() -> None:
     assert not set(chat_wire) & set(OPENAI_WIRE)
     assert not set(vllm_wire) & set(OPENAI_WIRE)
     assert sglang_wire["sampling_params"] == {"skip_special_tokens": False, "no_stop_trim": True}
+
+
+def test_no_top_k_limit_goes_out_as_minus_one_on_every_route() -> None:
+    """0 is "no limit" in the IR; SGLang refuses 0, and both engines read -1 as disabled."""
+    unlimited = Sampling(top_k=0)
+
+    assert (
+        chat_body(chat(unlimited), model="m", reasoning_field="reasoning", template_kwargs={})[
+            "top_k"
+        ]
+        == -1
+    )
+    assert completion_body(tokens(unlimited), model="m")["top_k"] == -1
+    assert generate_body(tokens(unlimited))["sampling_params"]["top_k"] == -1

@@ -1,7 +1,7 @@
 """The sampling defaults a model ships in its ``generation_config.json``, read as
-vLLM reads them (``--generation-config auto``): only the values that differ
-from Hugging Face's own defaults count (``GenerationConfig.to_diff_dict``), so
-a file that repeats HF's ``top_k: 50`` sets nothing.
+vLLM reads them (``--generation-config auto``): the values that differ from
+Hugging Face's own defaults (``GenerationConfig.to_diff_dict``; with
+transformers 5 every sampling default is unset, so every value the file sets).
 
 One reading for the embedded engine (what it applies to a request that sets
 nothing) and the gateway (what it sends for a setting a harness left unset).
