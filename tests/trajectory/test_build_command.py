@@ -80,6 +80,9 @@ def test_build_writes_parquet_samples_and_reports_where_tokens_went(
     assert f"quarantined class_not_trained: {title}" in stdout
     assert f"wrote 1 samples to {out}" in stdout
     assert "prompts: extends 1, fresh 2" in stdout
+    # Recorded before records kept their sampling settings: a trainer cannot use them.
+    trained = sum(sample.loss_mask)
+    assert f"not trainable, sampling distribution unreproducible (unrecorded): {trained}" in stdout
 
 
 def test_build_writes_jsonl_per_request_with_every_trace(

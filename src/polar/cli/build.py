@@ -162,6 +162,10 @@ def _summary(trajectory: Trajectory, written: int, path: Path) -> str:
         lines.append(f"  quarantined {fate.value}: {tokens}")
     if accounting.missing_logprobs:
         lines.append(f"  delivered without rollout logprob: {accounting.missing_logprobs}")
+    for why, tokens in sorted(accounting.unreproducible.items()):
+        lines.append(
+            f"  not trainable, sampling distribution unreproducible ({why.value}): {tokens}"
+        )
     for reason, count in sorted(accounting.breaks.items()):
         lines.append(f"  breaks {reason.value}: {count}")
     if accounting.malformed_tool_calls:

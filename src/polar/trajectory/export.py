@@ -52,7 +52,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired
 
 import orjson
 from typing_extensions import TypedDict
@@ -156,8 +156,9 @@ class SampleRow(TypedDict):
     turn_offsets: Sequence[TurnOffsetRow]
     truncated_turns: int
     malformed_tool_calls: int
-    sampling: SamplingRow | None
-    unreproducible: str | None
+    # Not in version 1 rows (results stored before): read as ``unrecorded``.
+    sampling: NotRequired[SamplingRow | None]
+    unreproducible: NotRequired[str | None]
 
 
 def samples_of(trajectory: Trajectory, *, include_untrainable: bool = False) -> list[Sample]:
