@@ -56,10 +56,12 @@ def make_stack(
     stacks: list[Stack] = []
 
     def make(script: Script | SessionScripts | dict[str, Any], **options: Any) -> Stack:
+        """``tokenizer=``: the scripted model's (default: Qwen3's)."""
         if isinstance(script, dict):
             script = script_from_dict(script)
         options.setdefault("template", chat_template)
-        stack = Stack(tmp_path / f"stack{len(stacks)}", tokenizer, script, **options)
+        model_tokenizer = options.pop("tokenizer", tokenizer)
+        stack = Stack(tmp_path / f"stack{len(stacks)}", model_tokenizer, script, **options)
         stacks.append(stack)
         return stack
 
