@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from polar.smollm2 import (
-    DEFAULT_DIR,
     SOURCE,
     SPEC_FILE,
     VERIFICATION,
@@ -24,8 +21,6 @@ from polar.smollm2 import (
     is_built,
     verify,
 )
-
-from support.paths import REPO
 
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -91,19 +86,6 @@ def test_a_built_model_is_kept(smollm2_dir: Path) -> None:
 
     assert build_smollm2(smollm2_dir) == smollm2_dir
     assert weights.stat().st_mtime_ns == before
-
-
-def test_polar_model_smollm2_keeps_what_setup_built(smollm2_dir: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "polar", "model", "smollm2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
-
-    assert smollm2_dir == REPO / DEFAULT_DIR
-    assert (result.returncode, result.stdout.strip()) == (0, f"kept {DEFAULT_DIR}")
 
 
 def test_the_gguf_is_found_in_the_installed_package() -> None:

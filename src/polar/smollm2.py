@@ -33,8 +33,10 @@ directory holds:
 The conversion is checked before the directory is put in place: the file's
 SHA-256 against the pinned one first, then, from the written directory, a
 known prompt's token ids and its greedy reply (:data:`VERIFICATION`). A
-conversion that fails anywhere raises and leaves nothing behind (it writes a
-temporary sibling directory and renames it into place).
+conversion that fails anywhere raises and leaves nothing behind: it writes a
+sibling directory (``.NAME.tmp``, removed on failure, or by the next
+conversion if this one was killed) and renames it into place. Two conversions
+of one directory at once are not supported.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ import hashlib
 import importlib.metadata
 import json
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -178,9 +179,10 @@ def build_smollm2(
     gguf = gguf_path(source)
     if (digest := _sha256(gguf)) != source.sha256:
         raise ConversionError(f"{gguf}: SHA-256 {digest}, expected {source.sha256}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the model directory is not
+    # A fixed name: what a killed conversion left there is removed by the next.
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     try:
         say(f"converting {gguf.name} ({source.package} {source.version}) to {out}")
         _convert(gguf, tmp)
@@ -235,13 +237,12 @@ def _convert(gguf: Path, tmp: Path) -> None:
 def _put_in_place(tmp: Path, out: Path) -> None:
     """Rename ``tmp`` to ``out``, an older ``out`` moved aside first (and removed
     after), so that ``out`` is at every moment either the old directory or the new."""
-    old: Path | None = None
+    old = out.with_name(f".{out.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
     if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-        out.rename(old / out.name)
+        out.rename(old)
     tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def greedy_reply(model: Any, prompt_ids: list[int], *, max_tokens: int, stop_id: int) -> list[int]:
