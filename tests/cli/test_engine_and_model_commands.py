@@ -1,4 +1,4 @@
-"""``polar model init`` and ``polar engine serve`` as a user runs them."""
+"""``polar model init``, ``polar model smollm2`` and ``polar engine serve`` as a user runs them."""
 
 from __future__ import annotations
 
@@ -26,6 +26,12 @@ def test_model_init_builds_once_then_keeps(tmp_path: Path) -> None:
     assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
     again = polar("model", "init", "--out", str(out))
     assert again.stdout.strip() == f"kept {out}"
+
+
+def test_model_smollm2_keeps_a_converted_model(smollm2_dir: Path) -> None:
+    result = polar("model", "smollm2", "--out", str(smollm2_dir))
+
+    assert (result.returncode, result.stdout.strip()) == (0, f"kept {smollm2_dir}")
 
 
 def test_engine_serve_without_a_model_is_a_one_line_error(tmp_path: Path) -> None:

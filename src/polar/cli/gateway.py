@@ -84,6 +84,22 @@ def gateway(
         str | None,
         typer.Option(help="Token-in/token-out: hermes or qwen3_coder (default: hermes)."),
     ] = None,
+    render_tool_prompt: Annotated[
+        str | None,
+        typer.Option(
+            help="Token-in/token-out: who writes tools, calls and results into the prompt: "
+            "template, hermes (the gateway, for a template without a tool section) or auto "
+            "(default: auto, hermes when the template renders no tools)."
+        ),
+    ] = None,
+    render_reasoning: Annotated[
+        bool | None,
+        typer.Option(
+            "--render-reasoning/--no-render-reasoning",
+            help="Parse <think>...</think> as reasoning (default: on; off for a model that "
+            "does not think, e.g. SmolLM2).",
+        ),
+    ] = None,
     store: Annotated[
         Path | None,
         typer.Option(help="SQLite record store (default: runs/gateway/records.db)."),
@@ -138,6 +154,8 @@ def gateway(
         engine__max_attempts=engine_max_attempts,
         render__tokenizer=str(render_tokenizer) if render_tokenizer else None,
         render__tool_format=render_tool_format,
+        render__tool_prompt=render_tool_prompt,
+        render__reasoning=render_reasoning,
         store__path=str(store) if store else None,
         store__synchronous=store_synchronous,
         limits__max_body_bytes=max_body_bytes,

@@ -60,6 +60,7 @@ from polar.proxy.render.parse import OutputParser, ParserOptions, Piece, ToolFor
 from polar.proxy.render.splice import PromptPlan, Transcript, plan_prompt
 from polar.proxy.render.template import ChatTemplate
 from polar.proxy.render.tokens import TokenText
+from polar.proxy.render.toolprompt import ToolPrompt
 from polar.tokenizer import TokenizerLoadError, load_tokenizer
 
 T = TypeVar("T")
@@ -442,14 +443,26 @@ def _template(config: GatewayConfig) -> ChatTemplate:
     except TokenizerLoadError as exc:
         raise ConfigError(f"render.tokenizer: {exc}") from None
     try:
-        return ChatTemplate(
+        template = ChatTemplate(
             tokenizer,
             template_kwargs=render.template_kwargs,
             end_of_turn=render.end_of_turn,
             segment_cache_bytes=render.segment_cache_bytes,
+            tool_prompt=ToolPrompt(render.tool_prompt),
         )
     except ValueError as exc:
         raise ConfigError(f"render.end_of_turn: {exc}") from None
+    hermes = template.tool_prompt is ToolPrompt.HERMES
+    if (
+        hermes
+        and config.capture is CaptureMode.TOKEN_IN_TOKEN_OUT
+        and render.tool_format != "hermes"
+    ):
+        raise ConfigError(
+            f"render.tool_prompt: the chat template of {render.tokenizer} has no tool section, "
+            "so the gateway writes tools in the hermes format: set tool_format: hermes"
+        )
+    return template
 
 
 def _parser_options(config: GatewayConfig) -> ParserOptions:

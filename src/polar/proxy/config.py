@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from polar.configfile import load_config
 from polar.ir import CaptureMode, LogprobSource, Sampling
@@ -142,7 +142,21 @@ class RenderConfig(_Section):
     tool_format: Literal["hermes", "qwen3_coder"] = Field(
         default="hermes", description="How the model writes tool calls."
     )
-    reasoning: bool = Field(default=True, description="Parse <think>...</think> as reasoning.")
+    tool_prompt: Literal["auto", "template", "hermes"] = Field(
+        default="auto",
+        description="Token-in/token-out: who writes the tools offered, the calls in assistant "
+        "turns and the tool results into the prompt. 'template': the chat template. "
+        "'hermes': the gateway, for a template with no tool section (SmolLM2's): the tools "
+        "in the system turn inside <tools></tools>, each call as <tool_call>{json}</tool_call> "
+        "in the assistant's text, each result inside <tool_response></tool_response> "
+        "(needs tool_format hermes). 'auto': hermes when the template renders a "
+        "conversation alike with tools and without, else template.",
+    )
+    reasoning: bool = Field(
+        default=True,
+        description="Parse <think>...</think> as reasoning (false for a model that does not "
+        "think, e.g. SmolLM2).",
+    )
     end_of_turn: str | None = Field(
         default=None, description="The token that ends a turn (default: the tokenizer's eos)."
     )
@@ -162,6 +176,13 @@ class RenderConfig(_Section):
         "ids with the gateway's parser, flagging where the engine's parse differs "
         "(the tokenizer must be the served model's), or relay the engine's parse unchecked.",
     )
+
+    @field_validator("tool_prompt")
+    @classmethod
+    def _calls_are_parsed_as_prompted(cls, value: str, info: ValidationInfo) -> str:
+        if value == "hermes" and info.data.get("tool_format") != "hermes":
+            raise ValueError("asks for hermes tool calls: set tool_format: hermes")
+        return value
 
 
 class StoreConfig(_Section):

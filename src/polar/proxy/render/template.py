@@ -30,10 +30,20 @@ from polar.ir import (
 from polar.proxy.errors import InvalidRequest, UnsupportedContent
 from polar.proxy.render.compiled import compiled_template, reserved_kwargs
 from polar.proxy.render.tokens import TokenText
+from polar.proxy.render.toolprompt import ToolPrompt, hermes_messages
 
 # A string no harness sends: it stands in for the assistant turn whose raw
 # tokens are spliced, so the template's text after that turn can be cut out.
 _MARKER = "\x00polar-splice-marker\x00"
+
+# Offered to a template to see whether it writes tools into the prompt.
+_PROBE_TOOLS = (
+    ToolSpec(
+        name="shell",
+        description="Run a shell command.",
+        parameters={"type": "object", "properties": {"cmd": {"type": "string"}}},
+    ),
+)
 
 
 def template_message(message: Message) -> dict[str, Any]:
@@ -115,8 +125,12 @@ class ChatTemplate:
         template_kwargs: JsonObject | None = None,
         end_of_turn: str | None = None,
         segment_cache_bytes: int = 64 << 20,
+        tool_prompt: ToolPrompt = ToolPrompt.AUTO,
     ) -> None:
-        """``segment_cache_bytes``: see :meth:`TokenText.encode_prompt`."""
+        """``segment_cache_bytes``: see :meth:`TokenText.encode_prompt`.
+        ``tool_prompt``: who writes tools, calls and results into the prompt
+        (:mod:`~polar.proxy.render.toolprompt`); ``auto`` is resolved here, and
+        :attr:`tool_prompt` says what it became."""
         self.tokenizer = tokenizer
         self.text = TokenText(tokenizer, segment_cache_bytes=segment_cache_bytes)
         self.kwargs = dict(template_kwargs or {})
@@ -135,6 +149,19 @@ class ChatTemplate:
         # Whether the text after an assistant turn ever depends on the tools: found
         # out on the first continuation rendered with tools, then relied on.
         self._tools_affect_continuation: bool | None = None
+        if tool_prompt is ToolPrompt.AUTO:
+            tool_prompt = ToolPrompt.TEMPLATE if self._renders_tools() else ToolPrompt.HERMES
+        self.tool_prompt = tool_prompt
+
+    def _renders_tools(self) -> bool:
+        """Whether the template writes the tools it is given into a conversation."""
+        probe = [{"role": "user", "content": "List the files."}]
+        try:
+            with_tools = self._template_text(probe, template_tools(_PROBE_TOOLS), kwargs={})
+            without = self._template_text(probe, None, kwargs={})
+        except Exception:  # a template that refuses the probe: leave the tools to it
+            return True
+        return with_tools != without
 
     def render_text(
         self,
@@ -145,7 +172,9 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
     ) -> str:
         """The template's text for ``messages``: what ``apply_chat_template``
-        renders (through :mod:`~polar.proxy.render.compiled` where that is exact).
+        renders (through :mod:`~polar.proxy.render.compiled` where that is exact),
+        of the messages with their tools written in when :attr:`tool_prompt` is
+        ``hermes`` (:func:`~polar.proxy.render.toolprompt.hermes_messages`).
 
         ``kwargs`` (a request's ``chat_template_kwargs``) may not name the
         render's own arguments: one named ``chat_template`` would have the
@@ -154,6 +183,20 @@ class ChatTemplate:
         """
         if kwargs and (clash := sorted(self._reserved.intersection(kwargs))):
             raise InvalidRequest(f"chat_template_kwargs may not set {', '.join(clash)}")
+        if self.tool_prompt is ToolPrompt.HERMES:
+            messages, tools = hermes_messages(messages, tools), None
+        return self._template_text(
+            messages, tools, kwargs=kwargs, add_generation_prompt=add_generation_prompt
+        )
+
+    def _template_text(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        kwargs: JsonObject,
+        add_generation_prompt: bool = True,
+    ) -> str:
         if self._compiled is not None:
             return self._compiled.render(
                 messages,
