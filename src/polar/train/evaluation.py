@@ -1,6 +1,11 @@
 """Held-out evaluation during training: run each held-out task as a group on
 the rollout service under the current weights (nothing is trained on it) and
-report mean reward and the fraction solved."""
+report mean reward and the fraction solved.
+
+Failed sessions follow the same policy as training (:mod:`polar.rollout.failure`):
+the agent's failures (timeout, its harness's exit, a sandbox limit) count as
+reward 0.0 and unsolved; sessions the infrastructure failed, or cancelled ones,
+are not counted; replaced sessions are not counted either (their resample is)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ import math
 from collections.abc import Sequence
 
 from polar.rollout.client import RolloutClient
-from polar.rollout.protocol import TaskResult, TaskSubmission
+from polar.rollout.failure import SessionUse, outcome_reward, session_use
+from polar.rollout.protocol import SessionResult, TaskResult, TaskSubmission
 from polar.tasks.model import Task
 from polar.train.feed import GroupRequest
 
@@ -20,8 +26,9 @@ def evaluate(
     *,
     policy_version: int,
 ) -> dict[str, float]:
-    """``eval/reward_mean``, ``eval/solved_fraction``, ``eval/usable`` over every
-    usable session of every task (an unusable session is not a zero)."""
+    """``eval/reward_mean`` and ``eval/solved_fraction`` over every counted session
+    of every task (scored, or failed by the agent: 0.0, unsolved); ``eval/counted``,
+    ``eval/agent_failed``, ``eval/masked`` (not counted) and ``eval/sessions``."""
     views = [
         client.submit(
             TaskSubmission(
@@ -38,13 +45,20 @@ def evaluate(
         for task in tasks
     ]
     results: list[TaskResult] = [client.wait(v.task_id, request.wait_s) for v in views]
-    rewards = [r.reward for t in results for r in t.results if r.usable and r.reward is not None]
-    solved = [
-        bool(r.resolved) for t in results for r in t.results if r.usable and r.reward is not None
-    ]
+    sessions = [r for t in results for r in t.current]
+    counted = [(r, reward) for r in sessions if (reward := outcome_reward(r)) is not None]
+    rewards = [reward for _, reward in counted]
+    solved = [_solved(r) for r, _ in counted]
     return {
         "eval/reward_mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
         "eval/solved_fraction": sum(solved) / len(solved) if solved else 0.0,
-        "eval/usable": float(len(rewards)),
-        "eval/sessions": float(sum(len(t.results) for t in results)),
+        "eval/counted": float(len(counted)),
+        "eval/agent_failed": float(sum(session_use(r) is SessionUse.FAILED for r in sessions)),
+        "eval/masked": float(len(sessions) - len(counted)),
+        "eval/sessions": float(len(sessions)),
     }
+
+
+def _solved(result: SessionResult) -> bool:
+    """Solved: scored and resolved (an agent's failure never is)."""
+    return session_use(result) is SessionUse.SCORED and bool(result.resolved)
