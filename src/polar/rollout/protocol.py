@@ -249,7 +249,8 @@ class SessionResult(_Model):
 
     @property
     def usable(self) -> bool:
-        """Completed with a reward: counts towards the group."""
+        """Completed with a reward: what ``early_stop_at`` counts. What a trainer does
+        with a session is :func:`polar.rollout.failure.session_use`'s to say."""
         return self.status is SessionStatus.COMPLETED and self.reward is not None
 
 
