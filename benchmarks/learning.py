@@ -549,10 +549,10 @@ def main(argv: list[str] | None = None) -> int:
                 "step": int(e["step"]),
                 "policy_version": int(e.get("policy_version", 0)),
                 "heldout_reward": e["eval/reward_mean"],
-                "heldout_sessions": e["eval/usable"],
+                "heldout_sessions": e["eval/counted"],
                 "heldout_exact": e["eval/solved_fraction"],
                 "train_eval_reward": e["train_eval/reward_mean"],
-                "train_eval_sessions": e["train_eval/usable"],
+                "train_eval_sessions": e["train_eval/counted"],
                 "train_eval_exact": e["train_eval/solved_fraction"],
             }
             for e in evaluations

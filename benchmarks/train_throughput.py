@@ -53,7 +53,7 @@ def group_of(builder: Any, records: list[Any], sessions: int) -> Group:
         mine = [dataclasses.replace(r, session_id=sid) for r in records]
         samples = tuple(samples_of(builder.build(mine)))
         scored.append(ScoredSession(sid, 0.0, samples))
-    return Group("task", "bench", "g", tuple(scored), unusable=0)
+    return Group("task", "bench", "g", tuple(scored))
 
 
 def step(model: Any, group: Group) -> tuple[dict[str, float], float]:

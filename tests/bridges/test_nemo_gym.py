@@ -38,6 +38,7 @@ from polar.bridges.nemo_gym import NemoGymBridgeConfig, create_app, main
 from polar.testing.serverthread import ServerThread
 
 from support.bridges import INSTRUCTIONS, BridgeStack, Expected, expected_from_records
+from support.canned import SCORED_IDS, TIMED_OUT_IDS
 
 pytestmark = pytest.mark.slow
 
@@ -129,6 +130,47 @@ def test_run_answers_nemo_gym_verify_responses_with_polar_ids(
         assert got.logprobs == e.logprobs
         assert body.reward == rewards[session_id]
         assert body.model_extra is not None and body.model_extra["polar_usable"] is True
+
+
+def test_a_timeout_trains_with_reward_zero_and_infrastructure_failures_are_masked(
+    canned_config: dict[str, Any],
+) -> None:
+    """One row per task of ``support.canned.mixed``: scored 1.0, timed out after its
+    calls, the engine failed after a call, preparation failed."""
+    app = create_app(NemoGymBridgeConfig.model_validate(canned_config))
+    tasks = ["ok", "slow", "broken", "unprepared"]
+    with ServerThread(app) as thread, httpx.Client(timeout=60) as http:
+        replies = [
+            http.post(
+                f"{thread.url}/run",
+                json={"responses_create_params": {"input": "x"}, "polar_task": task},
+            )
+            for task in tasks
+        ]
+    assert [r.status_code for r in replies] == [200] * 4, [r.text for r in replies]
+    ok, slow, broken, unprepared = (VerifyResponse.model_validate(r.json()) for r in replies)
+
+    def generated(body: VerifyResponse) -> list[list[int]]:
+        raw = body.response.model_dump()["output"]
+        return [TokenIds.model_validate(item).generation_token_ids for item in raw]
+
+    def extra(body: VerifyResponse) -> dict[str, Any]:
+        assert body.model_extra is not None
+        return body.model_extra
+
+    assert (ok.reward, ok.response.status, generated(ok)) == (1.0, "completed", [list(SCORED_IDS)])
+    # The agent's failure: its partial trace, trained with reward 0.0.
+    assert (slow.reward, slow.response.status) == (0.0, "incomplete")
+    assert generated(slow) == [list(TIMED_OUT_IDS)] and extra(slow)["polar_usable"] is True
+    assert slow.response.metadata is not None
+    assert slow.response.metadata["polar_failure"] == "timeout"
+    # Not the agent's: nothing to train (no output item), the placeholder reward 0.0.
+    for body, failure in ((broken, "engine"), (unprepared, "preparation")):
+        assert (body.reward, body.response.status, generated(body)) == (0.0, "failed", [])
+        assert extra(body)["polar_usable"] is False
+        assert body.response.metadata is not None
+        assert body.response.metadata["polar_failure"] == failure
+        assert body.response.metadata["polar_use"] == "masked"
 
 
 def test_run_refuses_bad_rows_in_one_line(server: str) -> None:

@@ -36,11 +36,13 @@ from polar.bridges.rollouts import BridgeError
 from polar.bridges.slime import SlimeRollout, generate_rollout, slime_samples, slime_shape
 from polar.configfile import ConfigError
 from polar.ir.behaviour import MODEL
+from polar.rollout.failure import FailureReason
 from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.trajectory import ChainClass, TurnSpan, row_of
 from polar.trajectory import Sample as PolarSample
 
 from support.bridges import INSTRUCTIONS, BridgeStack, expected_from_records
+from support.canned import ENGINE_FAILED_IDS, GROUP_TASK, PROMPT, SCORED_IDS, TIMED_OUT_IDS
 
 
 @dataclass
@@ -147,6 +149,40 @@ def test_slime_trains_on_the_ids_polar_recorded(stack: BridgeStack) -> None:
     args.polar_rollout.rollouts.close()
 
 
+def test_a_timeout_trains_with_reward_zero_and_infrastructure_failures_are_masked(
+    canned_config: dict[str, Any],
+) -> None:
+    """A group of four (``support.canned.mixed``): scored 1.0, timed out after its
+    calls, the engine failed after a call, preparation failed."""
+    args = Namespace(polar_config=canned_config, rollout_batch_size=1, n_samples_per_prompt=4)
+    output = generate_rollout(args, 0, DataSource([GROUP_TASK], 4))
+    _, metrics = args.polar_rollout(DataSource([GROUP_TASK], 4).get_samples(1), 1)
+    args.polar_rollout.rollouts.close()
+    assert (metrics["polar/scored"], metrics["polar/agent_failed"], metrics["polar/masked"]) == (
+        1,
+        1,
+        2,
+    )
+    ((scored, timed_out, engine, unprepared),) = output
+    status = SlimeSample.Status
+
+    assert not scored.remove_sample and scored.status is status.COMPLETED
+    assert scored.reward == 1.0 and scored.tokens == [*PROMPT, *SCORED_IDS]
+    # The agent's failure: its partial trace trained with reward 0.0.
+    assert not timed_out.remove_sample and timed_out.status is status.TRUNCATED
+    assert timed_out.reward == 0.0 and timed_out.tokens == [*PROMPT, *TIMED_OUT_IDS]
+    assert timed_out.loss_mask == [1] * len(TIMED_OUT_IDS)
+    assert timed_out.metadata["polar_failure"] == "timeout"
+    # Not the agent's: removed (slime zeroes their loss mask), status FAILED.
+    assert engine.remove_sample and engine.status is status.FAILED
+    assert engine.tokens == [*PROMPT, *ENGINE_FAILED_IDS] and engine.reward == 0.0
+    assert engine.metadata["polar_failure"] == "engine"
+    assert engine.metadata["polar_use"] == "masked"
+    assert unprepared.remove_sample and unprepared.status is status.FAILED
+    assert unprepared.tokens == [] and unprepared.metadata["polar_failure"] == "preparation"
+    assert output == [[scored, timed_out, engine, unprepared]]
+
+
 def test_slime_bad_wiring_is_one_clear_error(stack: BridgeStack) -> None:
     with pytest.raises(ConfigError, match="polar_config"):
         generate_rollout(Namespace(rollout_batch_size=1), 0, DataSource(["rename-a"], 1))
@@ -211,7 +247,15 @@ def test_a_session_with_several_traces_takes_slimes_compact_shape() -> None:
             1,
             [polar_sample("s1", 0, ChainClass.MAIN), polar_sample("s1", 1, ChainClass.SUB_AGENT)],
         ),
-        session("s2", 2, [], status=SessionStatus.ERROR, reward=None, error="agent crashed"),
+        session(
+            "s2",
+            2,
+            [],
+            status=SessionStatus.ERROR,
+            reward=None,
+            error="agent crashed",
+            failure=FailureReason.HARNESS,
+        ),
     ]
     shaped = slime_shape([slime_samples(templates, sessions, "g")])
     (group,) = shaped

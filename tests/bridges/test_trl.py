@@ -34,9 +34,11 @@ from polar.bridges.trl import (
     trl_fields,
 )
 from polar.configfile import ConfigError
+from polar.rollout.failure import FailureReason, SessionUse
 from polar.rollout.protocol import SessionResult, SessionStatus
 
 from support.bridges import BridgeStack, Expected, expected_from_records
+from support.canned import GROUP_TASK, SCORED_IDS, TIMED_OUT_IDS
 from support.rollout import CONTROL_TOKEN
 
 pytestmark = [
@@ -199,6 +201,76 @@ def test_two_grpo_steps_train_on_exactly_what_polar_recorded(
     assert weights["weights_version"] == 2  # pushed before step 1 and before step 2
 
 
+def test_a_timeout_trains_with_reward_zero_and_infrastructure_failures_are_masked(
+    canned_config: dict[str, Any],
+    tiny_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One GRPO step of TRL on a group of four (``support.canned.mixed``): scored 1.0,
+    timed out after its calls, the engine failed after a call, preparation failed."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    func = rollout_func(canned_config)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_steps=1,
+        learning_rate=1e-3,
+        beta=0.0,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = RecordingTrainer(
+        model=AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32),
+        reward_funcs=[polar_reward],
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": [GROUP_TASK]}),
+        processing_class=tokenizer,
+        rollout_func=func,
+    )
+    trainer.train()
+    func.close()
+
+    (batch,) = trainer.batches
+    sessions: list[SessionSample] = batch["sessions"]
+    assert [s.use for s in sessions] == [
+        SessionUse.SCORED,
+        SessionUse.FAILED,
+        SessionUse.MASKED,
+        SessionUse.MASKED,
+    ]
+    assert [s.failure for s in sessions] == [None, "timeout", "engine", "preparation"]
+    assert [s.reward for s in sessions] == [1.0, 0.0, None, None]
+    # TRL's reward: the mean over the scorable completions only (1.0 and the timeout's 0.0).
+    (log,) = [h for h in trainer.state.log_history if "rewards/polar_reward/mean" in h]
+    assert log["rewards/polar_reward/mean"] == pytest.approx(0.5)
+    by_completion: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    for r in rows(batch["tensors"]):
+        by_completion.setdefault(tuple(r["completion_ids"]), []).append(r)
+    eos = tokenizer.eos_token_id
+    (scored_row,) = by_completion[SCORED_IDS]
+    (timed_out_row,) = by_completion[TIMED_OUT_IDS]
+    masked_rows = by_completion[(eos,)]
+    assert len(masked_rows) == 2 and set(by_completion) == {SCORED_IDS, TIMED_OUT_IDS, (eos,)}
+    # The timed-out trace is trained (its sampled tokens under the mask), against the group.
+    assert timed_out_row["env_mask"] == [1] * len(TIMED_OUT_IDS)
+    assert timed_out_row["advantage"] < 0 < scored_row["advantage"]
+    assert timed_out_row["advantage"] == pytest.approx(-scored_row["advantage"])
+    # The masked ones carry no token to train and no advantage.
+    for r in masked_rows:
+        assert r["env_mask"] == [0] and r["advantage"] == 0
+
+
 def test_equal_consecutive_prompts_are_one_group() -> None:
     assert identical_runs(["a", "a", "b", "b", "a"]) == [(0, 2), (2, 2), (4, 1)]
     chat = [{"role": "user", "content": "a"}]
@@ -208,7 +280,12 @@ def test_equal_consecutive_prompts_are_one_group() -> None:
 def test_a_session_without_tokens_is_unscorable_for_trl() -> None:
     failed = SessionSample(
         SessionResult(
-            session_id="s", task_id="t", sample_index=0, status=SessionStatus.ERROR, error="x"
+            session_id="s",
+            task_id="t",
+            sample_index=0,
+            status=SessionStatus.ERROR,
+            error="x",
+            failure=FailureReason.PREPARATION,
         ),
         "g",
         None,

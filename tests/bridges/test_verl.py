@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from support.bridges import INSTRUCTIONS, BridgeStack, expected_from_records
+from support.canned import PROMPT, SCORED_IDS, TIMED_OUT_IDS
 
 pytestmark = pytest.mark.slow
 
@@ -36,15 +37,15 @@ PROMPT_LENGTH = 256
 RESPONSE_LENGTH = 256
 
 
-def run_verl(stack: BridgeStack, root: Path, prompts: list[Any]) -> dict[str, Any]:
+def run_verl(model: Path, bridge: dict[str, Any], root: Path, prompts: list[Any]) -> dict[str, Any]:
     if not VERL_PYTHON.exists():
         pytest.fail(f"{VERL_PYTHON} is missing: run scripts/setup --verl (scripts/check does)")
     request = root / "request.json"
     request.write_text(
         json.dumps(
             {
-                "model": str(stack.model_dir),
-                "bridge": stack.config(),
+                "model": str(model),
+                "bridge": bridge,
                 "prompts": prompts,
                 "prompt_length": PROMPT_LENGTH,
                 "response_length": RESPONSE_LENGTH,
@@ -71,7 +72,7 @@ def test_verl_agent_loop_batch_equals_polar_records(stack: BridgeStack, tmp_path
         [{"role": "user", "content": INSTRUCTIONS["rename-b"]}],
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "add-test"}],
     ]
-    batch = run_verl(stack, tmp_path, prompts)
+    batch = run_verl(stack.model_dir, stack.config(), tmp_path, prompts)
     t, extra = batch["tensors"], batch["non_tensors"]
 
     assert len(t["prompts"]) == 3
@@ -102,3 +103,32 @@ def test_verl_agent_loop_batch_equals_polar_records(stack: BridgeStack, tmp_path
         assert scores[n - 1] == pytest.approx(rewards[session_id])
         assert sum(abs(s) for j, s in enumerate(scores) if j != n - 1) == 0
         assert extra["__num_turns__"][i] == 4
+
+
+def test_a_timeout_trains_with_reward_zero_and_infrastructure_failures_are_masked(
+    canned_config: dict[str, Any], tiny_model: Path, tmp_path: Path
+) -> None:
+    """One sample per task of ``support.canned.mixed``: scored 1.0, timed out after its
+    calls, the engine failed after a call, preparation failed."""
+    tasks = ["ok", "slow", "broken", "unprepared"]
+    batch = run_verl(
+        tiny_model, canned_config, tmp_path, [[{"role": "user", "content": t}] for t in tasks]
+    )
+    t, extra = batch["tensors"], batch["non_tensors"]
+    assert extra["polar_use"] == ["scored", "failed", "masked", "masked"]
+    assert extra["polar_failure"] == [None, "timeout", "engine", "preparation"]
+    assert extra["polar_usable"] == [True, True, False, False]
+
+    def response(i: int) -> tuple[list[int], list[int], list[float]]:
+        n = sum(t["attention_mask"][i][PROMPT_LENGTH:])
+        return t["responses"][i][:n], t["response_mask"][i][:n], t["rm_scores"][i][:n]
+
+    ok, slow = response(0), response(1)
+    assert t["prompts"][0][-len(PROMPT) :] == list(PROMPT)
+    assert ok == (list(SCORED_IDS), [1, 1, 1], [0.0, 0.0, 1.0])
+    # The agent's failure: its partial trace under the mask, scored 0.0.
+    assert slow == (list(TIMED_OUT_IDS), [1, 1], [0.0, 0.0])
+    # Not the agent's: one end-of-sequence token, masked out.
+    for i in (2, 3):
+        ids, mask, scores = response(i)
+        assert len(ids) == 1 and mask == [0] and scores == [0.0]

@@ -1,8 +1,9 @@
 """Sessions that do not end well, through the real rollout server and node:
-cancelled mid-run, hung past the timeout, a harness that fails, an evaluator
-that crashes, a server restarted mid-task. The agent is a stand-in process
-tree (``support.agents``) run by the ``shell`` harness in a real bubblewrap
-sandbox; the model is the scripted engine."""
+cancelled mid-run, hung past the timeout, a harness that fails before or after
+the model answered, an engine that fails, an evaluator that crashes, a server
+restarted mid-task; each with its failure reason (``polar.rollout.failure``).
+The agent is a stand-in process tree (``support.agents``) run by the ``shell``
+harness in a real bubblewrap sandbox; the model is the scripted engine."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from polar.rollout.client import RolloutClient
+from polar.rollout.failure import FailureReason
 from polar.rollout.protocol import (
     HarnessSpec,
     SessionStatus,
@@ -80,6 +82,7 @@ def test_cancel_mid_run_kills_the_process_tree_and_frees_the_runtime(
     assert result.status is TaskStatus.CANCELLED
     session = only(result)
     assert session.status is SessionStatus.CANCELLED
+    assert session.failure is FailureReason.CANCELLED
     assert session.reward is None
     for marker in MARKERS:
         assert host_processes(marker) == [], f"{marker} survived the cancel"
@@ -96,6 +99,7 @@ def test_a_hung_harness_ends_timeout_with_its_partial_trajectory(
 
     session = only(result)
     assert session.status is SessionStatus.TIMEOUT
+    assert session.failure is FailureReason.TIMEOUT, "the model answered before the hang"
     assert "ran past its 4 s budget" in (session.error or "")
     assert session.reward is None, "a timed-out session is not scored"
     assert session.records == 1
@@ -117,6 +121,52 @@ def test_a_failing_harness_ends_error_with_its_output(
     assert session.status is SessionStatus.ERROR
     assert "exited with 3" in (session.error or "")
     assert "the agent gave up" in (session.error or "")
+    # It never called the model: whatever made it exit, it was not the model's doing.
+    assert session.failure is FailureReason.HARNESS
+    assert (session.error or "").endswith("(the model answered no call)")
+
+
+def test_a_harness_that_gives_up_after_the_model_answered_is_the_agents_failure(
+    make_rollout: Callable[..., RolloutStack], tmp_path: Path
+) -> None:
+    """Its turn limit, say: an ERROR whose fault is the agent's, with the partial
+    trajectory; max_resamples does not replace it (it is a result)."""
+    stack = make_rollout(scripts(2))
+    with stack.client() as client:
+        task_id = submit(
+            client, agent_task(tmp_path), shell_harness("give_up"), num_samples=2, max_resamples=2
+        )
+        result = client.wait(task_id, timeout_s=120)
+
+    assert [r.sample_index for r in result.results] == [0, 1] and result.replaced == []
+    for session in result.results:
+        assert session.status is SessionStatus.ERROR
+        assert session.failure is FailureReason.AGENT_EXIT
+        assert "turn limit reached" in (session.error or "")
+        assert session.records == 1 and len(session.samples) == 1
+
+
+def test_an_engine_failure_is_the_infrastructures_and_is_resampled(
+    make_rollout: Callable[..., RolloutStack], tmp_path: Path
+) -> None:
+    """The agent's second call fails at the engine (the script has one turn: the
+    scripted engine answers 500), then the agent exits non-zero: ``engine``, not the
+    agent's; the group is refilled by a session that gets a whole script."""
+    stack = make_rollout(
+        {"sessions": [HELLO, {"turns": [{"text": "one"}, {"text": "two"}]}]},
+        node={"capacity": {"run": 1, "ahead": 0}},
+    )
+    with stack.client() as client:
+        task_id = submit(client, agent_task(tmp_path), shell_harness("twice"), max_resamples=1)
+        result = client.wait(task_id, timeout_s=120)
+
+    failed, replacement = result.results
+    assert result.replaced == [failed.session_id]
+    assert failed.status is SessionStatus.ERROR and failed.failure is FailureReason.ENGINE
+    assert (failed.error or "").startswith("the session's last model call failed (engine_http")
+    assert len(failed.samples) == 1, "the answered call's trace is kept, not trained"
+    assert replacement.status is SessionStatus.COMPLETED and replacement.failure is None
+    assert replacement.reward == 1.0
 
 
 def test_an_evaluator_crash_ends_the_session_error_with_the_reason(
@@ -129,6 +179,7 @@ def test_an_evaluator_crash_ends_the_session_error_with_the_reason(
         session = only(client.wait(task_id, timeout_s=60))
 
     assert session.status is SessionStatus.ERROR
+    assert session.failure is FailureReason.EVALUATOR
     assert session.error == (
         "evaluator support.agents:crashing crashed: RuntimeError: the evaluator fell over"
     )
@@ -174,6 +225,7 @@ def test_a_restarted_server_reports_sessions_whose_node_never_returns(
 
     session = only(result)
     assert session.status is SessionStatus.ERROR
+    assert session.failure is FailureReason.NODE_LOST
     assert session.error == "node node-a stopped answering"
     assert result.status is TaskStatus.COMPLETED and result.usable == 0
 
@@ -207,6 +259,7 @@ def test_failed_sessions_are_resampled_to_fill_the_group(
 
     assert [r.sample_index for r in result.results] == [0, 1, 2, 3]
     assert all(r.status is SessionStatus.ERROR for r in result.results)
+    assert all(r.failure is FailureReason.HARNESS for r in result.results)
     assert len(result.replaced) == 2
     replaced = {s.session_id: s.replaced_by for s in view.sessions if s.replaced_by}
     assert set(replaced.values()) <= {f"{task_id}-s2", f"{task_id}-s3"}

@@ -78,6 +78,15 @@ elif mode == "ok":
 elif mode == "fail":
     print("the agent gave up", file=sys.stderr)
     sys.exit(3)
+elif mode == "give_up":
+    # a harness that reached its own turn limit after the model answered
+    chat("hello")
+    print("turn limit reached", file=sys.stderr)
+    sys.exit(3)
+elif mode == "twice":
+    chat("first call")
+    chat("second call")
+    open("done", "w").write("1")
 """
 
 CONVERSE_SCRIPT = {

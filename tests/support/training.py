@@ -12,6 +12,7 @@ import orjson
 from polar.ir import Distribution, Unreproducible
 from polar.ir.behaviour import MODEL
 from polar.proxy.engines.embedded import ModelRunner, create_engine_app
+from polar.rollout.failure import FailureReason
 from polar.rollout.protocol import SessionResult, SessionStatus, TaskResult, TaskStatus
 from polar.testing.serverthread import ServerThread
 from polar.trajectory import ChainClass
@@ -67,8 +68,10 @@ def session_result(
     samples: Sequence[Sample],
     *,
     status: SessionStatus = SessionStatus.COMPLETED,
+    failure: FailureReason | None = None,
     index: int = 0,
 ) -> SessionResult:
+    """``failure`` None for a failed ``status``: what the status meant before reasons."""
     # as the node sends them: JSON rows
     rows: list[dict[str, Any]] = [orjson.loads(orjson.dumps(row_of(s))) for s in samples]
     return SessionResult(
@@ -77,6 +80,7 @@ def session_result(
         sample_index=index,
         status=status,
         reward=reward,
+        failure=failure,
         samples=rows,
     )
 

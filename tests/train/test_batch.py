@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from polar.rollout.failure import FailureReason
 from polar.rollout.protocol import SessionStatus, TaskResult
 from polar.train.batch import (
     advantages_of,
@@ -42,11 +43,59 @@ def _group() -> TaskResult:
 def test_a_group_holds_its_usable_sessions_and_knows_its_oldest_token() -> None:
     group = group_from_result(_group())
     assert [s.session_id for s in group.sessions] == ["s1", "s2"]
-    assert group.unusable == 1
+    assert group.masked == 1
     assert group.rewards == [1.0, 0.0]
     assert group.oldest_version == 3
     assert group.staleness(3) == 0
     assert group.staleness(5) == 2
+
+
+def test_the_agents_failures_train_as_zero_and_the_rest_are_masked() -> None:
+    """``polar.rollout.failure``: a timeout keeps its partial trace and trains with
+    reward 0.0; an engine failure's trace is not trained; a replaced session is not
+    part of the group (its resample is)."""
+    result = task_result(
+        [
+            session_result("ok", 1.0, [sample("ok", [1], [2, 3])], index=0),
+            session_result(
+                "slow", None, [sample("slow", [1], [4])], status=SessionStatus.TIMEOUT, index=1
+            ),
+            session_result(
+                "broken",
+                None,
+                [sample("broken", [1], [5, 6, 7])],
+                status=SessionStatus.ERROR,
+                failure=FailureReason.ENGINE,
+                index=2,
+            ),
+            session_result(
+                "lost",
+                None,
+                [],
+                status=SessionStatus.ERROR,
+                failure=FailureReason.NODE_LOST,
+                index=3,
+            ),
+            session_result("again", 0.5, [sample("again", [1], [8])], index=4),
+        ]
+    )
+    result = result.model_copy(update={"replaced": ["lost"]})
+    group = group_from_result(result)
+    assert [(s.session_id, s.reward) for s in group.sessions] == [
+        ("ok", 1.0),
+        ("slow", 0.0),
+        ("again", 0.5),
+    ]
+    assert (group.agent_failed, group.masked) == (1, 1)
+    advantages = advantages_of([group], baseline=Baseline.MEAN, scale_by_std=False)
+    rows = rows_of(
+        [group],
+        advantages,
+        aggregation=Aggregation.TOKEN_MEAN,
+        missing_logprob=MissingLogprob.TRUST,
+    )
+    assert [(r.session, r.loss_tokens) for r in rows] == [("ok", 2), ("slow", 1), ("again", 1)]
+    assert advantages.by_session["slow"] == pytest.approx(-0.5)
 
 
 def test_a_group_without_samples_is_as_old_as_its_submission() -> None:

@@ -18,9 +18,18 @@ ids and their logprobs, so consecutive items chain the way NeMo Gym's own
 ``prefix_merging`` rebuilds a rollout (``nemo_gym/token_id_capture/builder.py``:
 the tokens a prompt adds after the previous prompt and generation are
 environment tokens, mask 0). The item's ``content`` text is empty: Polar
-hands over token ids, not text. The ``reward`` is Polar's score (0.0 for a
-session that could not be scored, with ``polar_usable`` false); the row's
+hands over token ids, not text. The ``reward`` is Polar's score; the row's
 other fields are echoed, as NeMo Gym's agents do.
+
+Failed sessions follow :mod:`polar.rollout.failure`: the agent's failure (a
+timeout, its harness's exit, a sandbox limit) answers its partial trace's items
+with reward 0.0 (response status ``incomplete``), and is trained. A session the
+infrastructure failed (``failed``) or that was cancelled (``cancelled``) is
+masked: no output item (nothing to train), reward 0.0 and ``polar_usable``
+false; NeMo RL wants a float and normalises over its group, so that
+placeholder still counts in the group's baseline: set ``max_resamples`` in the
+bridge config so the rollout server replaces such sessions. The response's
+``metadata`` names the session's use and failure reason.
 
 NeMo Gym needs Python >= 3.12 and Polar 3.11, so this server runs in Polar's
 environment (``python -m polar.bridges.nemo_gym polar-bridge.yaml``) and a
@@ -34,7 +43,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
@@ -51,6 +60,7 @@ from polar.bridges.rollouts import (
     group_sessions,
 )
 from polar.configfile import ConfigError, describe_error
+from polar.rollout.failure import Fault, SessionUse
 from polar.rollout.http import ApiError, body_of, error_response, not_found
 from polar.trajectory import Sample
 
@@ -112,20 +122,43 @@ def output_items(trace: Sample, item_prefix: str) -> list[dict[str, Any]]:
     return items
 
 
+MASKED_REWARD = 0.0
+"""The reward of a masked session (NeMo Gym wants a float)."""
+
+
+def response_status(session: SessionSample) -> str:
+    """The Responses-API status: ``completed`` when scored, ``incomplete`` for the
+    agent's failure, ``cancelled`` or ``failed`` when masked."""
+    match session.use:
+        case SessionUse.SCORED:
+            return "completed"
+        case SessionUse.FAILED:
+            return "incomplete"
+        case SessionUse.MASKED:
+            failure = session.session.failure
+            return "cancelled" if failure is not None and failure.fault is Fault.NONE else "failed"
+        case unreachable:
+            assert_never(unreachable)
+
+
 def verify_response(request: dict[str, Any], session: SessionSample, model: str) -> dict[str, Any]:
     """NeMo Gym's ``BaseVerifyResponse`` for one session."""
     trace = session.trace
     s = session.session
-    items = output_items(trace, f"msg_{s.session_id}") if trace is not None else []
+    reward = session.reward  # None: masked
+    items = (
+        output_items(trace, f"msg_{s.session_id}")
+        if trace is not None and reward is not None
+        else []
+    )
     generated = sum(len(i["generation_token_ids"]) for i in items)
     prompt = len(items[-1]["prompt_token_ids"]) if items else 0
-    usable = session.usable and session.reward is not None
     response = {
         "id": f"resp_{s.session_id}",
         "object": "response",
         "created_at": time.time(),
         "model": model,
-        "status": "completed" if usable else "incomplete",
+        "status": response_status(session),
         "output": items,
         "parallel_tool_calls": True,
         "tool_choice": "auto",
@@ -142,15 +175,16 @@ def verify_response(request: dict[str, Any], session: SessionSample, model: str)
             "polar_task": s.task_id,
             "polar_group": session.group_id,
             "polar_status": s.status.value,
+            "polar_use": session.use.value,
+            **({"polar_failure": session.failure} if session.failure is not None else {}),
+            **({"polar_error": s.error[:512]} if s.error else {}),
         },
     }
-    if not usable:
-        response["incomplete_details"] = {"reason": s.error or s.status.value}
     return {
         **request,
         "response": response,
-        "reward": session.reward if usable else 0.0,
-        "polar_usable": usable,
+        "reward": MASKED_REWARD if reward is None else reward,
+        "polar_usable": session.usable,
         "polar_traces": session.traces,
         "polar_undelivered_tokens": session.undelivered_tokens,
     }

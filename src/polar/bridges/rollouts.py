@@ -23,6 +23,15 @@ that way: a distribution without top-p, top-k or min-p (the bridge's
 ``sampling`` policy, enforced by the node gateways, makes it so; its
 temperature must be the trainer's own). Any other trace keeps its tokens with
 the loss mask off, counted in ``unreproducible_tokens``.
+
+Every bridge treats failed sessions by the one policy of
+:mod:`polar.rollout.failure` (:attr:`SessionSample.use`, :attr:`SessionSample.reward`):
+the agent's failures (timeout, its harness's exit, a sandbox limit) are trained
+with reward 0.0 on their partial trajectory; sessions the infrastructure failed,
+and cancelled ones, are masked (no token trained). A trainer that normalises
+rewards over a group itself and wants a float for every sample (verl, slime,
+NeMo RL) still counts a masked session's placeholder reward in that group:
+set ``max_resamples`` so the rollout server replaces such sessions.
 """
 
 from __future__ import annotations
@@ -31,12 +40,13 @@ import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, assert_never
 
 from polar.bridges.config import BridgeConfig, TraceChoice
 from polar.configfile import ConfigError
 from polar.ir import Distribution
 from polar.rollout.client import RolloutClient, RolloutError
+from polar.rollout.failure import FAILED_REWARD, SessionUse, session_use
 from polar.rollout.protocol import SessionResult, SessionStatus, TaskResult, TaskSubmission
 from polar.tasks import Task, TaskLoadError, load_tasks
 from polar.trajectory import ChainClass, ExportError, Sample, sample_from_row
@@ -212,10 +222,7 @@ class PolarRollouts:
 
 def current_sessions(result: TaskResult) -> list[SessionResult]:
     """The group's sessions by sample index, without those replaced by a resample."""
-    replaced = set(result.replaced)
-    return sorted(
-        (r for r in result.results if r.session_id not in replaced), key=lambda r: r.sample_index
-    )
+    return result.current
 
 
 # ---------------------------------------------------------------- samples
@@ -270,20 +277,48 @@ class SessionSample:
     distribution (:func:`reproducible`)."""
 
     @property
+    def use(self) -> SessionUse:
+        """What trainers do with the session (:func:`polar.rollout.failure.session_use`)."""
+        return session_use(self.session)
+
+    @property
     def reward(self) -> float | None:
-        """The delivered trace's reward (outcome x class scale), else the session's."""
-        return self.trace.reward if self.trace is not None else self.session.reward
+        """The reward to train the delivered trace with (:func:`trace_reward`)."""
+        return trace_reward(self.session, self.trace)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the session failed, as its wire name (None: it did not)."""
+        failure = self.session.failure
+        return failure.value if failure is not None else None
 
     @property
     def usable(self) -> bool:
-        """Scored, with tokens to train on."""
-        return self.session.usable and self.trace is not None
+        """Trained: not masked, with tokens to train on."""
+        return self.use is not SessionUse.MASKED and self.trace is not None
 
     @property
     def truncated(self) -> bool:
         return self.session.status is SessionStatus.TIMEOUT or (
             self.trace is not None and self.trace.truncated_turns > 0
         )
+
+
+def trace_reward(session: SessionResult, trace: Sample | None) -> float | None:
+    """The reward a trace of ``session`` trains with, by :mod:`polar.rollout.failure`:
+    when scored, the trace's own (outcome x its class's scale; the session's when
+    there is no trace); 0.0 for the agent's failure; None when masked."""
+    match session_use(session):
+        case SessionUse.SCORED:
+            if trace is not None and trace.reward is not None:
+                return trace.reward
+            return session.reward
+        case SessionUse.FAILED:
+            return FAILED_REWARD
+        case SessionUse.MASKED:
+            return None
+        case unreachable:
+            assert_never(unreachable)
 
 
 def trained_tokens(sample: Sample) -> int:

@@ -24,10 +24,16 @@ slime trains several sequences per rollout: when a session has more than one
 trainable trace (a sub-agent, a compaction restart), it delivers every trace,
 each a copy of the sample sharing its ``rollout_id``, and the output takes
 slime's compact shape (``list[list[list[Sample]]]``, group x session x trace).
-A session that left no tokens (its agent failed before calling the model) is
-delivered with ``remove_sample`` set, reward 0.0, no tokens and status
-``FAILED``: slime zeroes its loss mask; set ``max_resamples`` in the bridge
-config to have the rollout server replace such sessions instead.
+Failed sessions follow :mod:`polar.rollout.failure`. The agent's failure (a
+timeout, its harness's exit, a sandbox limit) is delivered with its partial
+traces, reward 0.0 and status ``TRUNCATED``, and trained. A session the
+infrastructure failed (status ``FAILED``) or that was cancelled (``ABORTED``)
+is masked: ``remove_sample`` set, so slime zeroes its loss mask; its reward is
+a placeholder 0.0, which slime's group normalisation still counts: set
+``max_resamples`` in the bridge config to have the rollout server replace such
+sessions. A session that left no tokens is delivered with no tokens and
+``remove_sample`` set (its reward still the policy's: 0.0 for the agent's
+failure, counted in the group).
 """
 
 from __future__ import annotations
@@ -44,11 +50,16 @@ from polar.bridges.rollouts import (
     GroupRequest,
     PolarRollouts,
     current_sessions,
+    trace_reward,
     traces_of,
 )
 from polar.configfile import ConfigError
-from polar.rollout.protocol import SessionResult, SessionStatus
+from polar.rollout.failure import Fault, SessionUse, session_use
+from polar.rollout.protocol import SessionResult
 from polar.trajectory import Sample as PolarSample
+
+MASKED_REWARD = 0.0
+"""The reward of a masked sample (``remove_sample``: slime wants a float)."""
 
 
 def slime_samples(
@@ -61,7 +72,7 @@ def slime_samples(
     for template, session in zip(templates, sessions, strict=True):
         traces = traces_of(session)
         if not traces:
-            out.append([_failed(template, session, group_id)])
+            out.append([_without_tokens(template, session, group_id)])
             continue
         filled = []
         for i, trace in enumerate(traces):
@@ -81,29 +92,28 @@ def slime_shape(per_group: list[list[list[Any]]]) -> list[Any]:
 
 
 def _status(sample: Any, session: SessionResult, trace: PolarSample | None) -> Any:
+    """slime's status: COMPLETED (TRUNCATED when a turn hit its output limit) when
+    scored, TRUNCATED for the agent's failure, FAILED when the infrastructure failed
+    it, ABORTED when cancelled."""
+    if not session.status.terminal:
+        raise BridgeError(f"session {session.session_id} has not ended ({session.status})")
     status = type(sample).Status
-    match session.status:
-        case SessionStatus.COMPLETED:
+    match session_use(session):
+        case SessionUse.SCORED:
             truncated = trace is not None and trace.truncated_turns > 0
             return status.TRUNCATED if truncated else status.COMPLETED
-        case SessionStatus.TIMEOUT:
+        case SessionUse.FAILED:
             return status.TRUNCATED
-        case SessionStatus.CANCELLED:
-            return status.ABORTED
-        case SessionStatus.ERROR:
-            return status.FAILED
-        case (
-            SessionStatus.QUEUED
-            | SessionStatus.DISPATCHED
-            | SessionStatus.PREPARING
-            | SessionStatus.READY
-            | SessionStatus.RUNNING
-            | SessionStatus.BUILDING
-            | SessionStatus.EVALUATING
-        ):
-            raise BridgeError(f"session {session.session_id} has not ended ({session.status})")
+        case SessionUse.MASKED:
+            cancelled = session.failure is not None and session.failure.fault is Fault.NONE
+            return status.ABORTED if cancelled else status.FAILED
         case unreachable:
             assert_never(unreachable)
+
+
+def _reward(session: SessionResult, trace: PolarSample | None) -> float:
+    reward = trace_reward(session, trace)
+    return MASKED_REWARD if reward is None else reward
 
 
 def _metadata(sample: Any, session: SessionResult, group_id: str) -> dict[str, Any]:
@@ -113,6 +123,8 @@ def _metadata(sample: Any, session: SessionResult, group_id: str) -> dict[str, A
         "polar_task": session.task_id,
         "polar_group": group_id,
         "polar_status": session.status.value,
+        "polar_use": session_use(session).value,
+        "polar_failure": session.failure.value if session.failure is not None else None,
     }
 
 
@@ -125,11 +137,11 @@ def _fill(
     sample.rollout_log_probs = [
         v if m else 0.0 for v, m in zip(trace.rollout_logprobs, trace.logprob_mask, strict=True)
     ]
-    sample.reward = trace.reward if session.usable and trace.reward is not None else 0.0
+    sample.reward = _reward(session, trace)
     sample.status = _status(sample, session, trace)
     sample.weight_versions = [str(trace.policy_version)]
     sample.session_id = session.session_id
-    sample.remove_sample = not session.usable
+    sample.remove_sample = session_use(session) is SessionUse.MASKED
     sample.metadata = {
         **_metadata(sample, session, group_id),
         "polar_trace": trace.trace_id,
@@ -140,12 +152,12 @@ def _fill(
         sample.metadata["polar_trace_index"] = i
 
 
-def _failed(sample: Any, session: SessionResult, group_id: str) -> Any:
+def _without_tokens(sample: Any, session: SessionResult, group_id: str) -> Any:
     sample.tokens = []
     sample.response_length = 0
     sample.loss_mask = []
     sample.rollout_log_probs = []
-    sample.reward = 0.0
+    sample.reward = _reward(session, None)
     sample.status = _status(sample, session, None)
     sample.session_id = session.session_id
     sample.remove_sample = True
@@ -183,7 +195,9 @@ class SlimeRollout:
         sessions = [s for r in results for s in current_sessions(r)]
         metrics = {
             "polar/sessions": len(sessions),
-            "polar/usable": sum(s.usable for s in sessions),
+            "polar/scored": sum(session_use(s) is SessionUse.SCORED for s in sessions),
+            "polar/agent_failed": sum(session_use(s) is SessionUse.FAILED for s in sessions),
+            "polar/masked": sum(session_use(s) is SessionUse.MASKED for s in sessions),
             "polar/traces": sum(len(t) for g in per_group for t in g),
         }
         return samples, metrics

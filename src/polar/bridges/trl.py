@@ -29,10 +29,13 @@ in order:
 - ``polar_reward`` and ``polar_*`` columns, which TRL passes to reward
   functions: :func:`polar_reward` returns Polar's score.
 
-A session with several trainable traces delivers one (``trace: main``); a
-session with none (it failed early) delivers one end-of-sequence token with
-``env_mask`` 0 and a ``None`` reward, which TRL treats as unscorable (NaN,
-left out of the group baseline, advantage 0).
+A session with several trainable traces delivers one (``trace: main``).
+Failed sessions follow :mod:`polar.rollout.failure`: the agent's failure (a
+timeout, its harness's exit, a sandbox limit) delivers its partial trace with
+reward 0.0; a session the infrastructure failed or that was cancelled (masked),
+or one with no trace, delivers one end-of-sequence token with ``env_mask`` 0
+and a ``None`` reward, which TRL treats as unscorable (NaN, left out of the
+group baseline, advantage 0): nothing of it is trained.
 
 With ``weight_sync`` configured, the trainer's weights are pushed to the
 embedded engine before each generation batch whose ``global_step`` differs
@@ -55,6 +58,7 @@ from polar.bridges.rollouts import (
     group_sessions,
 )
 from polar.bridges.weights import WeightPusher, WeightSyncConfig
+from polar.rollout.failure import SessionUse
 
 
 class TRLBridgeConfig(BridgeConfig):
@@ -123,11 +127,13 @@ def trl_fields(sessions: Sequence[SessionSample], *, end_token: int) -> dict[str
             "polar_status",
             "polar_group",
             "polar_usable",
+            "polar_use",
+            "polar_failure",
         )
     }
     for s in sessions:
         t = s.trace
-        if t is None or not t.response_ids:
+        if t is None or not t.response_ids or s.use is SessionUse.MASKED:
             out["prompt_ids"].append(list(t.prompt_ids) if t and t.prompt_ids else [end_token])
             out["completion_ids"].append([end_token])
             out["logprobs"].append([None])
@@ -140,11 +146,13 @@ def trl_fields(sessions: Sequence[SessionSample], *, end_token: int) -> dict[str
                 [v if m else None for v, m in zip(t.rollout_logprobs, t.logprob_mask, strict=True)]
             )
             out["env_mask"].append(list(t.loss_mask))
-            out["polar_reward"].append(s.reward if s.session.usable else None)
+            out["polar_reward"].append(s.reward)
         out["polar_session"].append(s.session.session_id)
         out["polar_status"].append(s.session.status.value)
         out["polar_group"].append(s.group_id)
         out["polar_usable"].append(s.usable)
+        out["polar_use"].append(s.use.value)
+        out["polar_failure"].append(s.failure)
     return out
 
 

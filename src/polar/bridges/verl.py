@@ -21,15 +21,23 @@ prompt by its own ``uid``), and returns verl's ``AgentLoopOutput``:
 - ``response_logprobs``: the engine's logprob of each sampled id (0.0 elsewhere;
   verl reads them only under the mask);
 - ``reward_score``: Polar's score (verl then skips its own reward loop);
-- ``extra_fields``: Polar's session, group and task ids, and ``polar_usable``.
+- ``extra_fields``: Polar's session, group and task ids, ``polar_usable``,
+  ``polar_use`` and ``polar_failure``.
 
 verl pads every sample to ``rollout.prompt_length`` / ``rollout.response_length``.
 A response longer than that is cut to fit (``extra_fields["polar_truncated"]``
 says how many tokens were dropped), as verl's own tool agent loop does; a prompt
 longer than ``prompt_length`` is an error (cutting it would change what the
-sampled tokens were conditioned on). A session that left no tokens (its agent
-failed early) returns one end-of-sequence token, masked out, reward 0.0, and
-``polar_usable`` false.
+sampled tokens were conditioned on).
+
+Failed sessions follow :mod:`polar.rollout.failure`: the agent's failure (a
+timeout, its harness's exit, a sandbox limit) returns its partial trace,
+trained with reward 0.0. A session the infrastructure failed or that was
+cancelled (masked), or one that left no tokens, returns one end-of-sequence
+token, masked out, and ``polar_usable`` false; verl wants a float score for
+every sample and normalises over the ``uid`` group, so its placeholder 0.0
+still counts in that group's baseline: set ``max_resamples`` in the bridge
+config so the rollout server replaces sessions the infrastructure failed.
 
 verl is imported only here, when verl itself loads this module.
 """
@@ -55,6 +63,9 @@ from polar.bridges.rollouts import (
     group_sessions,
 )
 
+MASKED_SCORE = 0.0
+"""The score of a sample with no token trained (verl wants a float)."""
+
 
 def verl_output(
     session: SessionSample, *, prompt_length: int, response_length: int, end_token: int
@@ -67,16 +78,19 @@ def verl_output(
         "polar_group": session.group_id,
         "polar_status": session.session.status.value,
         "polar_usable": session.usable,
+        "polar_use": session.use.value,
+        "polar_failure": session.failure,
         "polar_truncated": 0,
     }
     t = session.trace
-    if t is None or not t.response_ids:
+    reward = session.reward  # None: masked
+    if t is None or not t.response_ids or reward is None:
         return AgentLoopOutput(
             prompt_ids=list(t.prompt_ids) if t and t.prompt_ids else [end_token],
             response_ids=[end_token],
             response_mask=[0],
             response_logprobs=[0.0],
-            reward_score=0.0,
+            reward_score=MASKED_SCORE,
             num_turns=0,
             metrics=metrics,
             extra_fields=extra,
@@ -89,7 +103,6 @@ def verl_output(
     keep = min(len(t.response_ids), response_length)
     extra["polar_truncated"] = len(t.response_ids) - keep
     extra["polar_policy_version"] = t.policy_version
-    reward = session.reward if session.usable and session.reward is not None else 0.0
     return AgentLoopOutput(
         prompt_ids=list(t.prompt_ids),
         response_ids=list(t.response_ids[:keep]),

@@ -20,7 +20,10 @@ Outcomes: COMPLETED (built and scored), TIMEOUT (the harness ran past its
 budget: the partial trajectory is built, not scored), ERROR (preparation,
 harness, build or evaluation failed, or the sandbox hit one of its limits;
 the reason is kept, and so is whatever trajectory could be built), CANCELLED
-(the whole process tree is killed).
+(the whole process tree is killed). Every failure names its
+:class:`~polar.rollout.failure.FailureReason`, decided here, in the stage
+that failed; how the run stage ended is judged from the harness's end and the
+gateway's records of the session's calls (:func:`~polar.rollout.failure.run_failure`).
 
 Evaluation runtimes created for scoring (``fresh_runtime``) get no gateway:
 the agent's key is closed by then, and an evaluator has no model to call.
@@ -45,6 +48,7 @@ from polar.reward.base import EvalContext, EvalResult
 from polar.reward.registry import evaluate
 from polar.rollout.agent import AgentRun, installed_executable, run_agent
 from polar.rollout.conversation import conversation_json
+from polar.rollout.failure import NO_CALLS, Calls, FailureReason, RunEnd, run_failure
 from polar.rollout.files import FileCache, FilesError
 from polar.rollout.protocol import (
     NodeCapacity,
@@ -69,7 +73,11 @@ RuntimeFactory = Callable[[RuntimeSpec, Path, GatewayAddress | None], Runtime]
 
 
 class SessionFailed(Exception):
-    """A stage failed; the message is the session's ``error``."""
+    """A stage failed; the message is the session's ``error``, ``reason`` its failure."""
+
+    def __init__(self, reason: FailureReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +128,8 @@ class NodeSession:
     task: asyncio.Task[SessionResult] | None = None
     reported: bool = False
     records: int = 0
+    calls: Calls = NO_CALLS
+    """What the gateway's records say about the session's calls (after the run)."""
     conversations: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Trace id -> its conversation, when the dispatch asks for them."""
     shipped_hidden: Path | None = None
@@ -173,6 +183,7 @@ class Pipeline:
         agent: AgentRun | None = None
         evaluation: EvalResult | None = None
         error: str | None = None
+        failure: FailureReason | None = None
         status = SessionStatus.COMPLETED
         try:
             await self._admission.acquire()
@@ -190,39 +201,44 @@ class Pipeline:
             async with self._post:
                 self._enter(session, SessionStatus.BUILDING)
                 trajectory = await self._build(session)
-                self._check_limits(session)
-                if agent.timed_out:
-                    status = SessionStatus.TIMEOUT
-                    error = (
-                        f"the harness ran past its {session.dispatch.session_timeout_s:g} s budget"
-                    )
-                elif not agent.ok:
-                    raise SessionFailed(
-                        f"the harness exited with {agent.exit_code}: "
-                        f"{(agent.stderr_tail or agent.stdout_tail)[-500:].strip()}"
-                    )
+                limit = self._limit_hit(session)
+                end = RunEnd(
+                    exited_ok=agent.ok,
+                    timed_out=agent.timed_out,
+                    limit_hit=limit is not None,
+                    calls=session.calls,
+                )
+                failure = run_failure(end)
+                if failure is not None:
+                    status, error = _run_outcome(session, agent, limit, failure)
                 else:
                     self._enter(session, SessionStatus.EVALUATING)
                     evaluation = await self._evaluate(session)
-                    self._check_limits(session)
+                    limit = self._limit_hit(session)
+                    if limit is not None:
+                        raise SessionFailed(FailureReason.EVALUATOR, limit)
                     if trajectory is not None:
                         trajectory = trajectory.with_reward(evaluation.reward)
         except asyncio.CancelledError:
             status, error = SessionStatus.CANCELLED, "cancelled"
+            failure = FailureReason.CANCELLED
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
         except SessionFailed as exc:
-            status, error = SessionStatus.ERROR, str(exc)
+            status, error, failure = SessionStatus.ERROR, str(exc), exc.reason
         except Exception as exc:  # a bug or an unexpected failure: never lose the session
             _log.exception("session %s failed", session.id)
             status, error = SessionStatus.ERROR, f"internal error: {type(exc).__name__}: {exc}"
+            failure = FailureReason.INTERNAL
         if trajectory is None and status is not SessionStatus.COMPLETED:
             with contextlib.suppress(Exception):
                 trajectory = await self._build(session)
         await self._teardown(session, failed=status is not SessionStatus.COMPLETED)
         self._enter(session, status)
-        session.result = self._result(session, status, error, agent, evaluation, trajectory)
+        session.result = self._result(
+            session, status, error, failure, agent, evaluation, trajectory
+        )
         return session.result
 
     # ---------------------------------------------------------------- stages
@@ -234,7 +250,9 @@ class Pipeline:
         dispatch = session.dispatch
         session_dir = self.settings.sessions_dir / dispatch.session_id
         if session_dir.exists():
-            raise SessionFailed(f"session directory {session_dir} already exists")
+            raise SessionFailed(
+                FailureReason.PREPARATION, f"session directory {session_dir} already exists"
+            )
         try:
             async with asyncio.timeout(self.settings.prepare_timeout_s):
                 created = await self.gateway.sessions.create(
@@ -258,21 +276,25 @@ class Pipeline:
                 )
         except TimeoutError:
             raise SessionFailed(
-                f"preparation took longer than {self.settings.prepare_timeout_s:g} s"
+                FailureReason.PREPARATION,
+                f"preparation took longer than {self.settings.prepare_timeout_s:g} s",
             ) from None
         except SessionFailed:
             raise
         except Exception as exc:
-            raise SessionFailed(f"preparation failed: {exc}") from exc
+            raise SessionFailed(FailureReason.PREPARATION, f"preparation failed: {exc}") from exc
 
     async def _localized(self, dispatch: SessionDispatch) -> SessionDispatch:
         """The dispatch with its task's shipped paths on this node (fetched once)."""
         if self._files is None:
-            raise SessionFailed("the task's files were shipped, and this node keeps no file cache")
+            raise SessionFailed(
+                FailureReason.PREPARATION,
+                "the task's files were shipped, and this node keeps no file cache",
+            )
         try:
             task = await self._files.localize(dispatch.task)
         except FilesError as exc:
-            raise SessionFailed(f"preparation failed: {exc}") from None
+            raise SessionFailed(FailureReason.PREPARATION, f"preparation failed: {exc}") from None
         return dispatch.model_copy(update={"task": task})
 
     async def _runtime_for(
@@ -290,8 +312,9 @@ class Pipeline:
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise SessionFailed(
+                    FailureReason.PREPARATION,
                     f"the task's workspace does not fit in the session directory's "
-                    f"{self.settings.workspace_mb} MB"
+                    f"{self.settings.workspace_mb} MB",
                 ) from None
             raise
         spec = runtime_spec_for(task, self.settings.runtime)
@@ -315,12 +338,13 @@ class Pipeline:
             raise
         return runtime
 
-    def _check_limits(self, session: NodeSession) -> None:
-        """End the session saying which limit its sandbox hit, if it hit one."""
+    def _limit_hit(self, session: NodeSession) -> str | None:
+        """Which limit the session's sandboxes hit, if one did (for people)."""
         for runtime in (session.runtime, *session.fresh):
             hit = runtime.limit_hit if runtime is not None else None
             if hit is not None:
-                raise SessionFailed(hit.message)
+                return hit.message
+        return None
 
     async def _run_stage(self, session: NodeSession) -> AgentRun:
         dispatch = session.dispatch
@@ -332,7 +356,9 @@ class Pipeline:
             harness = load_harness(dispatch.harness.name, dispatch.harness.options)
             executable = await installed_executable(harness, self.settings.harness_cache)
         except Exception as exc:
-            raise SessionFailed(f"harness {dispatch.harness.name}: {exc}") from exc
+            raise SessionFailed(
+                FailureReason.HARNESS, f"harness {dispatch.harness.name}: {exc}"
+            ) from exc
         return await run_agent(
             harness,
             runtime,
@@ -366,6 +392,7 @@ class Pipeline:
             await self.gateway.settle(session.id)
         records = await self.gateway.records(session.id)
         session.records = len(records)
+        session.calls = Calls.of(records)
         if not records:
             return None
         builder = resolve_builder(session.dispatch.builder)(self.settings.build)
@@ -374,7 +401,9 @@ class Pipeline:
                 builder.build, records, group_id=session.dispatch.group_id
             )
         except Exception as exc:
-            raise SessionFailed(f"building the trajectory failed: {exc}") from exc
+            raise SessionFailed(
+                FailureReason.BUILD, f"building the trajectory failed: {exc}"
+            ) from exc
         if session.dispatch.conversations:
             by_key = {record.key: record for record in records}
             session.conversations = {
@@ -404,7 +433,7 @@ class Pipeline:
         try:
             return await evaluate(ctx)
         except Exception as exc:
-            raise SessionFailed(str(exc)) from exc
+            raise SessionFailed(FailureReason.EVALUATOR, str(exc)) from exc
 
     async def _teardown(self, session: NodeSession, *, failed: bool) -> None:
         await self._close_key(session)
@@ -438,6 +467,7 @@ class Pipeline:
         session: NodeSession,
         status: SessionStatus,
         error: str | None,
+        failure: FailureReason | None,
         agent: AgentRun | None,
         evaluation: EvalResult | None,
         trajectory: Trajectory | None,
@@ -461,6 +491,7 @@ class Pipeline:
             reward=evaluation.reward if evaluation is not None else None,
             resolved=evaluation.resolved if evaluation is not None else None,
             error=error,
+            failure=failure,
             evaluation=(
                 {"details": dict(evaluation.details), "log": evaluation.log[-4000:]}
                 if evaluation is not None
@@ -473,3 +504,32 @@ class Pipeline:
             conversations=conversations,
             records=session.records,
         )
+
+
+def _run_outcome(
+    session: NodeSession, agent: AgentRun, limit: str | None, failure: FailureReason
+) -> tuple[SessionStatus, str]:
+    """The status and error of a run stage that ended in ``failure``: TIMEOUT when the
+    harness ran past its budget (and no limit was hit), ERROR otherwise; the message
+    says what happened, and for ``engine`` which call error came first."""
+    output = (agent.stderr_tail or agent.stdout_tail)[-500:].strip()
+    if limit is not None:
+        status, message = SessionStatus.ERROR, limit
+    elif agent.timed_out:
+        budget = session.dispatch.session_timeout_s
+        status, message = SessionStatus.TIMEOUT, f"the harness ran past its {budget:g} s budget"
+    elif agent.ok:
+        status, message = SessionStatus.ERROR, "the harness exited 0"
+    else:
+        status, message = (
+            SessionStatus.ERROR,
+            f"the harness exited with {agent.exit_code}: {output}",
+        )
+    call = session.calls.last_error
+    if failure is FailureReason.ENGINE and call is not None:
+        message = (
+            f"the session's last model call failed ({call.kind.value}: {call.message}); {message}"
+        )
+    elif failure is FailureReason.HARNESS and session.calls.answered == 0:
+        message = f"{message} (the model answered no call)"
+    return status, message

@@ -3,8 +3,9 @@ sends nodes, what nodes report back.
 
 One submission is one task run with ``num_samples`` sessions: one GRPO group.
 Sessions move through :class:`SessionStatus`; a node reports each finished
-session as a :class:`SessionResult` (its trainer samples included), and the
-server answers the submission with a :class:`TaskResult`.
+session as a :class:`SessionResult` (its trainer samples included; a failed
+one names its :class:`~polar.rollout.failure.FailureReason`), and the server
+answers the submission with a :class:`TaskResult`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pydantic import (
 
 from polar.ir import DeliveryIssue, Unreproducible
 from polar.proxy.behaviour import SamplingPolicy
+from polar.rollout.failure import FailureReason
 from polar.tasks.model import Task
 from polar.trajectory.export import SampleRow
 from polar.trajectory.trace import Accounting, BreakReason, Fate
@@ -51,7 +53,7 @@ class SessionStatus(StrEnum):
     COMPLETED = "completed"
     """Ran, built and scored."""
     ERROR = "error"
-    """Could not be run, built or scored; ``error`` says why."""
+    """Could not be run, built or scored; ``error`` says why, ``failure`` whose fault."""
     TIMEOUT = "timeout"
     """The harness ran past its timeout; the partial trajectory is kept, unscored."""
     CANCELLED = "cancelled"
@@ -109,7 +111,8 @@ class TaskSubmission(_Model):
     early_stop_at: int | None = Field(default=None, ge=1)
     """Cancel the rest once this many sessions completed with a reward."""
     max_resamples: int = Field(default=0, ge=0, le=1024)
-    """Extra sessions the server may start to replace errored or timed-out ones."""
+    """Extra sessions the server may start to replace those the infrastructure failed
+    (:func:`polar.rollout.failure.replaceable`); the agent's failures are results."""
     callback_url: str | None = None
     callback_secret: str | None = Field(default=None, min_length=16, max_length=512, repr=False)
     """The key the task's callback is signed with (default: the control token);
@@ -201,6 +204,11 @@ class SessionResult(_Model):
     reward: float | None = None
     resolved: bool | None = None
     error: str | None = None
+    failure: FailureReason | None = None
+    """Why an ended session did not complete, decided where it failed; its fault
+    decides what trainers do with it (:mod:`polar.rollout.failure`). None for a
+    completed session. A result without one (from an older node or server) gets
+    the reason its status meant then (:func:`inferred_failure`)."""
     evaluation: dict[str, Any] = Field(default_factory=dict)
     """The evaluator's details (per-test outcomes, exit codes) and log tail."""
     agent: dict[str, Any] = Field(default_factory=dict)
@@ -224,6 +232,24 @@ class SessionResult(_Model):
     def _no_accounting(cls, value: Any) -> Any:
         return None if value == {} else value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _older_failure(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("failure") is None and "status" in data:
+            try:
+                inferred = inferred_failure(SessionStatus(data["status"]))
+            except ValueError:
+                return data  # the status field's own check names the problem
+            if inferred is not None:
+                return {**data, "failure": inferred}
+        return data
+
+    @model_validator(mode="after")
+    def _failure_matches_status(self) -> SessionResult:
+        if self.failure is not None and self.status is SessionStatus.COMPLETED:
+            raise ValueError(f"a completed session has no failure (got {self.failure.value})")
+        return self
+
     @field_serializer("accounting", mode="wrap")
     def _accounting_or_empty(
         self, value: SessionAccounting | None, handler: SerializerFunctionWrapHandler
@@ -232,8 +258,23 @@ class SessionResult(_Model):
 
     @property
     def usable(self) -> bool:
-        """Completed with a reward: counts towards the group."""
+        """Completed with a reward: what ``early_stop_at`` counts. What a trainer does
+        with a session is :func:`polar.rollout.failure.session_use`'s to say."""
         return self.status is SessionStatus.COMPLETED and self.reward is not None
+
+
+def inferred_failure(status: SessionStatus) -> FailureReason | None:
+    """The failure an ended session without a recorded reason had: what its status
+    meant before reasons were recorded (an ERROR could be anything: ``unknown``)."""
+    match status:
+        case SessionStatus.TIMEOUT:
+            return FailureReason.TIMEOUT
+        case SessionStatus.CANCELLED:
+            return FailureReason.CANCELLED
+        case SessionStatus.ERROR:
+            return FailureReason.UNKNOWN
+        case _:
+            return None
 
 
 class SessionView(_Model):
@@ -243,8 +284,10 @@ class SessionView(_Model):
     node_id: str | None = None
     reward: float | None = None
     error: str | None = None
+    failure: FailureReason | None = None
     replaced_by: str | None = None
-    """The session resampled in its place (it failed and the group was refilled)."""
+    """The session resampled in its place (the infrastructure failed it and the
+    group was refilled)."""
 
 
 class TaskView(_Model):
@@ -275,9 +318,20 @@ class TaskResult(_Model):
     results: list[SessionResult]
     """Every session's result, by sample index (replaced sessions included)."""
     replaced: list[str] = Field(default_factory=list)
-    """Sessions that failed and were resampled (their results are still listed)."""
+    """Sessions that failed and were resampled (their results are still listed; no
+    trainer uses them)."""
     usable: int
     mean_reward: float | None = None
+
+    @property
+    def current(self) -> list[SessionResult]:
+        """The group's sessions by sample index, without those replaced by a resample
+        (what trainers and evaluations use)."""
+        replaced = set(self.replaced)
+        return sorted(
+            (r for r in self.results if r.session_id not in replaced),
+            key=lambda r: r.sample_index,
+        )
 
 
 class NodeCapacity(_Model):

@@ -6,8 +6,9 @@ loaded first, never more than a node's capacity. Nodes POST each finished
 session's result to ``/callbacks/sessions``; the server stores it, then
 acknowledges it on the next heartbeat. A task finishes when all its sessions
 ended, or early once ``early_stop_at`` of them are usable (the rest are
-cancelled). Failed sessions (errors, timeouts, lost nodes) are resampled while
-``max_resamples`` allows.
+cancelled). Sessions the infrastructure failed (a lost node, a sandbox that
+could not be prepared, a failed engine: :mod:`polar.rollout.failure`) are
+resampled while ``max_resamples`` allows; the agent's failures are results.
 
 **Nothing is lost silently.** Every decision is stored before it is acted on
 (:mod:`polar.rollout.store`). A node silent for ``node_timeout_s`` gets no new
@@ -39,6 +40,7 @@ import httpx
 from polar.rollout.callbacks import signed_headers
 from polar.rollout.config import ServerConfig
 from polar.rollout.events import EventHub
+from polar.rollout.failure import FailureReason, replaceable
 from polar.rollout.files import FileStore, unfinished
 from polar.rollout.http import ApiError
 from polar.rollout.protocol import (
@@ -180,7 +182,12 @@ class RolloutServer:
     async def _cancel_sessions(self, task_id: str, reason: str) -> None:
         for session in self.store.sessions_of(task_id):
             if session.status is SessionStatus.QUEUED:
-                self.store.set_session(session.session_id, SessionStatus.CANCELLED, error=reason)
+                self.store.set_session(
+                    session.session_id,
+                    SessionStatus.CANCELLED,
+                    error=reason,
+                    failure=FailureReason.CANCELLED,
+                )
                 self._session_event(session.session_id)
             elif not session.status.terminal and session.node_id is not None:
                 self._spawn(self._cancel_on_node(session.node_id, session.session_id))
@@ -287,20 +294,23 @@ class RolloutServer:
             status=result.status.value,
             reward=result.reward,
             error=result.error,
+            failure=result.failure.value if result.failure is not None else None,
         )
-        self._after_session_ended(session.task_id, session.session_id, result.status, result.usable)
+        self._after_session_ended(session.task_id, session.session_id, result.failure)
 
-    def _lost(self, session_id: str, reason: str) -> None:
+    def _lost(
+        self, session_id: str, reason: str, failure: FailureReason = FailureReason.NODE_LOST
+    ) -> None:
         session = self.store.session(session_id)
         if session is None or session.status.terminal:
             return
         _log.warning("session %s lost: %s", session_id, reason)
-        self.store.set_session(session_id, SessionStatus.ERROR, error=reason)
+        self.store.set_session(session_id, SessionStatus.ERROR, error=reason, failure=failure)
         self._session_event(session_id)
-        self._after_session_ended(session.task_id, session_id, SessionStatus.ERROR, False)
+        self._after_session_ended(session.task_id, session_id, failure)
 
     def _after_session_ended(
-        self, task_id: str, session_id: str, status: SessionStatus, usable: bool
+        self, task_id: str, session_id: str, failure: FailureReason | None
     ) -> None:
         task = self.store.task(task_id)
         assert task is not None
@@ -319,9 +329,8 @@ class RolloutServer:
                 self.store.update_task(task_id, early_stopped=1)
                 self._spawn(self._cancel_sessions(task_id, "early stop: the group is full"))
                 return
-        failed = status in (SessionStatus.ERROR, SessionStatus.TIMEOUT)
         resampled = len(sessions) - sub.num_samples
-        if wanted and failed and resampled < sub.max_resamples:
+        if wanted and replaceable(failure) and resampled < sub.max_resamples:
             index = max(session.sample_index for session in sessions) + 1
             replacement = self.store.add_session(task_id, index)
             self.store.set_replaced(session_id, replacement)
@@ -348,6 +357,7 @@ class RolloutServer:
                 status=session.status.value,
                 node_id=session.node_id,
                 error=session.error,
+                failure=session.failure.value if session.failure is not None else None,
             )
 
     # ---------------------------------------------------------------- nodes
@@ -525,7 +535,11 @@ class RolloutServer:
             self.store.set_session(session.session_id, SessionStatus.QUEUED, clear_node=True)
             return False
         if reply.status_code >= 400:
-            self._lost(session.session_id, f"node {node.id} refused the session: {_reason(reply)}")
+            self._lost(
+                session.session_id,
+                f"node {node.id} refused the session: {_reason(reply)}",
+                FailureReason.REFUSED,
+            )
             return False
         self._session_event(session.session_id)
         return True

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar.rollout.failure import FailureReason
 from polar.rollout.protocol import (
     NodeRegistration,
     SessionResult,
@@ -26,6 +27,7 @@ from polar.rollout.protocol import (
     TaskStatus,
     TaskSubmission,
     TaskView,
+    inferred_failure,
 )
 
 SCHEMA = """
@@ -49,6 +51,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     dispatched_at REAL,
     updated_at REAL NOT NULL,
     error TEXT,
+    failure TEXT,
     replaced_by TEXT,
     result TEXT,
     UNIQUE (task_id, sample_index)
@@ -66,6 +69,9 @@ CREATE TABLE IF NOT EXISTS nodes (
 CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status);
 CREATE INDEX IF NOT EXISTS sessions_by_task ON sessions (task_id);
 """
+
+ADDED_COLUMNS = {"sessions": {"failure": "TEXT"}}
+"""Columns a database written by an older server lacks (added on open; NULL in old rows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,9 @@ class SessionRow:
     dispatched_at: float | None
     updated_at: float
     error: str | None
+    failure: FailureReason | None
+    """Why it failed, for a session the server ended itself (lost, cancelled while
+    queued, refused); a node's result carries its own."""
     replaced_by: str | None
     result: SessionResult | None
 
@@ -113,6 +122,14 @@ class RolloutStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        for table, columns in ADDED_COLUMNS.items():
+            have = {row["name"] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for name, kind in columns.items():
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self._db.close()
@@ -193,6 +210,7 @@ class RolloutStore:
         node_id: str | None = None,
         dispatched: bool = False,
         error: str | None = None,
+        failure: FailureReason | None = None,
         clear_node: bool = False,
     ) -> None:
         now = time.time()
@@ -200,7 +218,7 @@ class RolloutStore:
             "UPDATE sessions SET status = ?, updated_at = ?, "
             "node_id = CASE WHEN ? THEN NULL ELSE COALESCE(?, node_id) END, "
             "dispatched_at = CASE WHEN ? THEN ? WHEN ? THEN NULL ELSE dispatched_at END, "
-            "error = COALESCE(?, error) WHERE session_id = ?",
+            "error = COALESCE(?, error), failure = COALESCE(?, failure) WHERE session_id = ?",
             (
                 status.value,
                 now,
@@ -210,18 +228,20 @@ class RolloutStore:
                 now,
                 clear_node,
                 error,
+                failure.value if failure is not None else None,
                 session_id,
             ),
         )
 
     def set_result(self, result: SessionResult) -> None:
         self._db.execute(
-            "UPDATE sessions SET status = ?, updated_at = ?, error = ?, result = ?, "
-            "node_id = COALESCE(?, node_id) WHERE session_id = ?",
+            "UPDATE sessions SET status = ?, updated_at = ?, error = ?, failure = ?, "
+            "result = ?, node_id = COALESCE(?, node_id) WHERE session_id = ?",
             (
                 result.status.value,
                 time.time(),
                 result.error,
+                result.failure.value if result.failure is not None else None,
                 result.model_dump_json(),
                 result.node_id,
                 result.session_id,
@@ -343,6 +363,7 @@ class RolloutStore:
                     node_id=session.node_id,
                     reward=session.result.reward if session.result is not None else None,
                     error=session.error,
+                    failure=session.failure,
                     replaced_by=session.replaced_by,
                 )
                 for session in sessions
@@ -383,6 +404,7 @@ def _synthetic(session: SessionRow) -> SessionResult:
         node_id=session.node_id,
         status=session.status,
         error=session.error,
+        failure=session.failure,
     )
 
 
@@ -406,15 +428,23 @@ def _task_row(row: sqlite3.Row) -> TaskRow:
 
 def _session_row(row: sqlite3.Row) -> SessionRow:
     raw = row["result"]
+    status = SessionStatus(row["status"])
+    result = SessionResult.model_validate(json.loads(raw)) if raw else None
     return SessionRow(
         session_id=row["session_id"],
         task_id=row["task_id"],
         sample_index=row["sample_index"],
-        status=SessionStatus(row["status"]),
+        status=status,
         node_id=row["node_id"],
         dispatched_at=row["dispatched_at"],
         updated_at=row["updated_at"],
         error=row["error"],
+        failure=_failure(row["failure"], status),
         replaced_by=row["replaced_by"],
-        result=SessionResult.model_validate(json.loads(raw)) if raw else None,
+        result=result,
     )
+
+
+def _failure(stored: str | None, status: SessionStatus) -> FailureReason | None:
+    """The stored reason; for a row an older server ended, what its status meant."""
+    return FailureReason(stored) if stored is not None else inferred_failure(status)

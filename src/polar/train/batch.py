@@ -23,6 +23,7 @@ import torch
 from polar.distribution import Settings
 from polar.ir import Distribution, Unreproducible
 from polar.ir.behaviour import MODEL
+from polar.rollout.failure import SessionUse, outcome_reward, session_use
 from polar.rollout.protocol import TaskResult
 from polar.train.grpo import (
     Aggregation,
@@ -40,19 +41,26 @@ from polar.trajectory.export import Sample, sample_from_row
 class ScoredSession:
     session_id: str
     reward: float
+    """Its outcome reward under :mod:`polar.rollout.failure`: the score, or 0.0 for
+    the agent's failure."""
     samples: tuple[Sample, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """One task's usable sessions (completed with a reward), with their samples."""
+    """One task's sessions that train (:mod:`polar.rollout.failure`): those completed
+    and scored, and those the agent failed (reward 0.0, their partial trajectories)."""
 
     task_id: str
     task: str
     group_id: str
     sessions: tuple[ScoredSession, ...]
-    unusable: int
-    """Sessions that errored, timed out or were cancelled (not in ``sessions``)."""
+    masked: int = 0
+    """Sessions not trained: the infrastructure failed them or they were cancelled
+    (replaced sessions not counted)."""
+    agent_failed: int = 0
+    """Sessions in ``sessions`` that the agent failed (timeout, its harness's exit,
+    a sandbox limit)."""
     invalid_samples: int = 0
     """Sessions dropped because a sample row did not parse (a bug upstream)."""
     submitted_version: int | None = None
@@ -76,11 +84,16 @@ class Group:
 
 
 def group_from_result(result: TaskResult) -> Group:
-    """The group of a task result: usable sessions only, samples parsed and checked."""
+    """The group of a task result under the failed-session policy
+    (:func:`polar.rollout.failure.session_use`): scored sessions with their reward,
+    the agent's failures with 0.0, masked ones counted and left out; a session
+    replaced by a resample is not part of the group. Samples parsed and checked."""
     sessions = []
-    invalid = 0
-    for r in result.results:
-        if not r.usable or r.reward is None:
+    invalid = masked = failed = 0
+    for r in result.current:
+        reward = outcome_reward(r)
+        if reward is None:
+            masked += 1
             continue
         try:
             samples = tuple(
@@ -90,14 +103,15 @@ def group_from_result(result: TaskResult) -> Group:
         except ExportError:
             invalid += 1
             continue
-        sessions.append(ScoredSession(r.session_id, r.reward, samples))
-    unusable = sum(1 for r in result.results if not r.usable)
+        failed += session_use(r) is SessionUse.FAILED
+        sessions.append(ScoredSession(r.session_id, reward, samples))
     return Group(
         task_id=result.task_id,
         task=result.task,
         group_id=result.group_id,
         sessions=tuple(sessions),
-        unusable=unusable,
+        masked=masked,
+        agent_failed=failed,
         invalid_samples=invalid,
         submitted_version=result.policy_version,
     )

@@ -1,6 +1,11 @@
 """Held-out evaluation during training: run each held-out task as a group on
 the rollout service under the current weights (nothing is trained on it) and
-report mean reward and the fraction solved."""
+report mean reward and the fraction solved.
+
+Failed sessions follow the same policy as training (:mod:`polar.rollout.failure`):
+the agent's failures (timeout, its harness's exit, a sandbox limit) count as
+reward 0.0 and unsolved; sessions the infrastructure failed, or cancelled ones,
+are not counted; replaced sessions are not counted either (their resample is)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ import math
 from collections.abc import Sequence
 
 from polar.rollout.client import RolloutClient
-from polar.rollout.protocol import TaskResult, TaskSubmission
+from polar.rollout.failure import SessionUse, outcome_reward, session_use
+from polar.rollout.protocol import SessionResult, TaskResult, TaskSubmission
 from polar.tasks.model import Task
 from polar.train.feed import GroupRequest
 
@@ -21,9 +27,10 @@ def evaluate(
     policy_version: int,
     prefix: str = "eval",
 ) -> dict[str, float]:
-    """``eval/reward_mean``, ``eval/solved_fraction``, ``eval/usable`` over every
-    usable session of every task (an unusable session is not a zero); ``prefix``
-    names the metrics (``eval_greedy``...)."""
+    """``<prefix>/reward_mean`` and ``<prefix>/solved_fraction`` over every counted
+    session of every task (scored, or failed by the agent: 0.0, unsolved);
+    ``<prefix>/counted``, ``<prefix>/agent_failed``, ``<prefix>/masked`` (not
+    counted) and ``<prefix>/sessions``; ``prefix`` is ``eval`` (``eval_greedy``...)."""
     views = [
         client.submit(
             TaskSubmission(
@@ -41,13 +48,20 @@ def evaluate(
         for task in tasks
     ]
     results: list[TaskResult] = [client.wait(v.task_id, request.wait_s) for v in views]
-    rewards = [r.reward for t in results for r in t.results if r.usable and r.reward is not None]
-    solved = [
-        bool(r.resolved) for t in results for r in t.results if r.usable and r.reward is not None
-    ]
+    sessions = [r for t in results for r in t.current]
+    counted = [(r, reward) for r in sessions if (reward := outcome_reward(r)) is not None]
+    rewards = [reward for _, reward in counted]
+    solved = [_solved(r) for r, _ in counted]
     return {
         f"{prefix}/reward_mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
         f"{prefix}/solved_fraction": sum(solved) / len(solved) if solved else 0.0,
-        f"{prefix}/usable": float(len(rewards)),
-        f"{prefix}/sessions": float(sum(len(t.results) for t in results)),
+        f"{prefix}/counted": float(len(counted)),
+        f"{prefix}/agent_failed": float(sum(session_use(r) is SessionUse.FAILED for r in sessions)),
+        f"{prefix}/masked": float(len(sessions) - len(counted)),
+        f"{prefix}/sessions": float(len(sessions)),
     }
+
+
+def _solved(result: SessionResult) -> bool:
+    """Solved: scored and resolved (an agent's failure never is)."""
+    return session_use(result) is SessionUse.SCORED and bool(result.resolved)

@@ -221,7 +221,8 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                 feed.fill(state.policy_version)
                 group = group_from_result(feed.next())
                 _count(counters, "groups/seen_total")
-                _count(counters, "sessions/unusable_total", group.unusable)
+                _count(counters, "sessions/masked_total", group.masked)
+                _count(counters, "sessions/agent_failed_total", group.agent_failed)
                 _count(counters, "sessions/invalid_samples_total", group.invalid_samples)
                 lag = group.staleness(state.policy_version)
                 if lag > config.rollout.max_staleness:
