@@ -108,7 +108,7 @@ def _group(stack: Stack, tokenizer: Any, sessions: list[str]) -> Group:
     for i, sid in enumerate(sessions):
         samples = samples_of(builder.build(stack.records(sid)).with_reward(float(i)))
         scored.append(ScoredSession(sid, float(i), tuple(samples)))
-    return Group("t", "t", "g", tuple(scored), unusable=0)
+    return Group("t", "t", "g", tuple(scored))
 
 
 def test_the_trainer_recomputes_the_distribution_each_token_was_drawn_from(
