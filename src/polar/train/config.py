@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from polar.configfile import load_config
+from polar.precision import Precision
 from polar.rollout.protocol import HarnessSpec
 from polar.train.grpo import Aggregation, Baseline, MissingLogprob
 
@@ -126,7 +127,9 @@ class OptimSettings(_Section):
     """Tokens (padding included) per forward/backward pass."""
     logprob_chunk: int = Field(default=512, ge=1)
     """Loss tokens whose vocabulary projection is computed at once."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Precision = Precision.FLOAT32
+    """The forward pass's precision: ``bfloat16`` computes under autocast to
+    bfloat16; weights and AdamW state stay float32 either way (:mod:`polar.precision`)."""
     threads: int | None = Field(default=None, ge=1)
 
 

@@ -6,6 +6,11 @@ minibatch is one optimizer step, accumulated over microbatches. ``pi_old`` is
 the model at the start of the step: with one minibatch it is the current
 forward pass detached (no extra pass); with more it is computed first, without
 gradients, for every microbatch.
+
+Precision (:mod:`polar.precision`): the model's weights and the optimizer's
+state are float32; ``StepSettings.precision`` decides the forward passes'
+compute (``bfloat16``: under autocast), and backward and the optimizer step run
+outside it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 import torch
 
+from polar.precision import Precision, autocast, device_of
 from polar.train.batch import MicroBatch, Row, microbatches, reweighted, split_by_session
 from polar.train.grpo import (
     Aggregation,
@@ -46,6 +52,9 @@ class StepSettings:
     max_grad_norm: float = 1.0
     logprob_chunk: int = 512
     pad_id: int = 0
+    precision: Precision = Precision.FLOAT32
+    """Forward passes under :func:`polar.precision.autocast`; the model's weights
+    (and so the optimizer's state) are float32 whatever this is."""
 
 
 class _Totals:
@@ -95,9 +104,10 @@ def train_step(
         microbatches(part, max_tokens=settings.micro_batch_tokens, pad_id=settings.pad_id)
         for part in parts
     ]
+    device = device_of(model)
     old: list[list[torch.Tensor | None]] = [[None] * len(mbs) for mbs in packed]
     if len(packed) > 1:
-        with torch.no_grad():
+        with torch.no_grad(), autocast(settings.precision, device):
             for i, mbs in enumerate(packed):
                 for j, mb in enumerate(mbs):
                     old[i][j] = _logprobs(model, mb, loss, settings)
@@ -108,10 +118,11 @@ def train_step(
     for i, mbs in enumerate(packed):
         optimizer.zero_grad(set_to_none=True)
         for j, mb in enumerate(mbs):
-            logprobs = _logprobs(model, mb, loss, settings)  # [N]
-            reference = old[i][j]
-            old_lp = logprobs.detach() if reference is None else reference
-            objective = _objective(model, mb, logprobs, old_lp, loss, totals, ref_model)
+            with autocast(settings.precision, device):  # the forward pass and the loss
+                logprobs = _logprobs(model, mb, loss, settings)  # [N]
+                reference = old[i][j]
+                old_lp = logprobs.detach() if reference is None else reference
+                objective = _objective(model, mb, logprobs, old_lp, loss, totals, ref_model)
             torch.autograd.backward(objective)
             tokens += mb.tokens
             loss_tokens += int(mb.targets.numel())

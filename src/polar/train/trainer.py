@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from polar.precision import load_master
 from polar.rollout.client import RolloutClient
 from polar.tasks import load_tasks
 from polar.tasks.model import Task
@@ -75,8 +76,6 @@ class TrainResult:
 
 def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
     # ---------------------------------------------------------------- set-up
-    from transformers import AutoModelForCausalLM
-
     torch.manual_seed(config.seed)
     if config.optim.threads:
         torch.set_num_threads(config.optim.threads)
@@ -94,16 +93,16 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
     except Exception:
         sync.close()
         raise
-    dtype = torch.float32 if config.optim.dtype == "float32" else torch.bfloat16
     source = resume_from / "model" if resume_from else config.model
     if not (source / "config.json").is_file():
         sync.close()
         raise TrainError(f"model: no Hugging Face model in {source}")
-    model: Any = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
+    # float32 master weights (and so AdamW state) whatever optim.dtype: see polar.precision
+    model: Any = load_master(source)
     model.train(False)
     reference: Any = None
     if config.grpo.kl_coef > 0:
-        reference = AutoModelForCausalLM.from_pretrained(str(config.model), dtype=dtype)
+        reference = load_master(config.model)
         reference.train(False)
         reference.requires_grad_(False)
     pad_id = _pad_id(model)
@@ -173,6 +172,7 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
         max_grad_norm=config.optim.max_grad_norm,
         logprob_chunk=config.optim.logprob_chunk,
         pad_id=pad_id,
+        precision=config.optim.dtype,
     )
     eval_request = replace(request, group_size=config.eval.group_size)
     result = TrainResult(state.step, state.policy_version, out, None, counters=counters)
