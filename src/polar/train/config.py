@@ -79,6 +79,16 @@ class EngineTarget(_Section):
     api_key: str | None = None
 
 
+class PushFailure(StrEnum):
+    """What a run does with a weight push whose drain timed out on every try."""
+
+    SKIP = "skip"
+    """Keep training (logged, counted in ``push/skipped_total``): the gateways keep
+    serving the version they had, and the next push carries the newer weights."""
+    STOP = "stop"
+    """End the run with the error."""
+
+
 class GatewayTarget(_Section):
     url: HttpUrl
     admin_token: str = Field(min_length=16)
@@ -90,6 +100,14 @@ class WeightSyncSettings(_Section):
     engines: list[EngineTarget] = Field(min_length=1)
     drain_timeout_s: float = Field(default=300.0, gt=0)
     """How long a push waits for in-flight calls to finish on the old weights."""
+    push_retries: int = Field(default=2, ge=0)
+    """Tries after a drain that timed out (nothing was loaded; the gateways resumed
+    on the old version and are paused again)."""
+    retry_backoff_s: float = Field(default=5.0, ge=0)
+    """The wait before the first retry, doubled before each next one."""
+    on_push_failure: PushFailure = PushFailure.SKIP
+    """After the last retry: ``skip`` the push and keep training, or ``stop``. A
+    failed load is never skipped: it stops the run (engines may disagree)."""
     request_timeout_s: float = Field(default=600.0, gt=0)
     """Longest wait for one engine to load new weights."""
     sync_on_start: bool = True

@@ -13,6 +13,15 @@ steps and while it pushes weights (the gateways hold new calls during a push
 and let the ones in flight finish on the old weights). A group is consumed
 when it finishes; if its oldest token was sampled more than ``max_staleness``
 policy versions before the current one, it is dropped and counted.
+
+Policy versions are truthful: a version names one set of weights. The
+trainer's version goes up with every step; the gateways serve it once its
+push lands. A push whose drain times out (calls still in flight after
+``drain_timeout_s``) is retried ``push_retries`` times, then skipped with a
+logged reason under ``on_push_failure: skip`` (``push/skipped_total``): the
+gateways keep serving the version they had, records keep naming it, its
+groups count as stale against the trainer's newer weights, and the same
+weights are pushed again before the next step's groups are taken.
 """
 
 from __future__ import annotations
@@ -37,13 +46,13 @@ from polar.train.checkpoint import (
     restore,
     save_checkpoint,
 )
-from polar.train.config import TrainConfig
+from polar.train.config import PushFailure, TrainConfig
 from polar.train.evaluation import evaluate
 from polar.train.feed import GroupRequest, RolloutFeed, task_order
 from polar.train.step import LossSettings, StepSettings, train_step
 from polar.train.tracking import MetricsLog
-from polar.train.weights import prune_weights, save_weights
-from polar.train.weightsync import PushReport, WeightSync
+from polar.train.weights import prune_weights, save_weights, weights_path
+from polar.train.weightsync import DrainTimeout, PushReport, WeightSync
 
 
 class TrainError(Exception):
@@ -121,16 +130,14 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
 
     if resume_from is None:
         state.policy_version = max(versions)
-    if config.weight_sync.sync_on_start:
-        sync.push(
-            save_weights(model, config.weights_dir, state.policy_version), state.policy_version
-        )
-    elif set(versions) != {state.policy_version}:
+    if not config.weight_sync.sync_on_start and set(versions) != {state.policy_version}:
         sync.close()
         raise TrainError(
             f"weight_sync: gateways are at policy versions {versions}, the trainer at "
             f"{state.policy_version}; set weight_sync.sync_on_start to push the trainer's weights"
         )
+    # What the gateways serve: the trainer's version, unless a push was skipped.
+    served = max(versions)
 
     def connect() -> RolloutClient:
         return RolloutClient(config.rollout.server_url, token=config.rollout.control_token)
@@ -181,24 +188,31 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
         metrics: dict[str, float] = {}
         if eval_tasks:
             with connect() as client:
-                metrics |= evaluate(
-                    client, eval_tasks, eval_request, policy_version=state.policy_version
-                )
+                metrics |= evaluate(client, eval_tasks, eval_request, policy_version=served)
         if hooks.evaluate is not None:
-            metrics |= hooks.evaluate(state.step, state.policy_version)
+            metrics |= hooks.evaluate(state.step, served)
         return metrics
 
     try:
-        feed.fill(state.policy_version)
+        if config.weight_sync.sync_on_start:
+            path = save_weights(model, config.weights_dir, state.policy_version)
+            pushed = _push(sync, path, state.policy_version, config, log)
+            served = pushed.version if pushed is not None else served
+        feed.fill(served)
         if state.step == 0 and (eval_tasks or hooks.evaluate):
-            log.write(0, state.policy_version, run_eval())
+            log.write(0, served, run_eval())
         while state.step < config.steps:
             # ---------------------------------------------------------- rollout
             started = time.monotonic()
             groups: list[Group] = []
             staleness: list[int] = []
             while len(groups) < config.rollout.groups_per_step:
-                feed.fill(state.policy_version)
+                if served != state.policy_version:
+                    # the last push was skipped: try again before waiting (with
+                    # max_staleness 0 no group could be fresh until one lands)
+                    pushed = _step_push(sync, state.policy_version, config, log, hooks, counters)
+                    served = pushed.version if pushed is not None else served
+                feed.fill(served)
                 group = group_from_result(feed.next())
                 _count(counters, "groups/seen_total")
                 _count(counters, "sessions/unusable_total", group.unusable)
@@ -216,7 +230,7 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                     continue
                 groups.append(group)
                 staleness.append(lag)
-            feed.fill(state.policy_version)  # the next groups generate while this one trains
+            feed.fill(served)  # the next groups generate while this one trains
             waited = time.monotonic() - started
 
             # ---------------------------------------------------------- advantages
@@ -244,15 +258,13 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
             state.step += 1
 
             # ---------------------------------------------------------- weight push
+            # A version names one set of weights: the trainer's are new whether or not
+            # the push lands (a skipped one is tried again before the next step's groups).
             state.policy_version += 1
-            path = save_weights(model, config.weights_dir, state.policy_version)
-            if hooks.before_push is not None:
-                hooks.before_push(state.policy_version)
-            push = sync.push(path, state.policy_version)
+            save_weights(model, config.weights_dir, state.policy_version)
+            push = _step_push(sync, state.policy_version, config, log, hooks, counters)
+            served = push.version if push is not None else served
             prune_weights(config.weights_dir, config.weight_sync.keep)
-            _count(counters, "push/drained_calls_total", push.drained_calls)
-            if hooks.after_push is not None:
-                hooks.after_push(push)
 
             # ---------------------------------------------------------- log
             rewards = [r for g in groups for r in g.rewards]
@@ -264,9 +276,9 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                 "groups/zero_advantage_fraction": advantages.zero_advantage_groups / len(groups),
                 "staleness/mean": sum(staleness) / len(staleness),
                 "staleness/max": float(max(staleness)),
-                "push/drained_calls": float(push.drained_calls),
-                "push/held_calls": float(push.held_calls),
-                "push/seconds": push.total_s,
+                "push/skipped": float(push is None),
+                "push/served_version": float(served),
+                **_push_metrics(push),
                 "time/waiting_for_groups_s": waited,
                 "lr": float(scheduler.get_last_lr()[0]),
                 **step_metrics,
@@ -295,7 +307,7 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
             every = config.eval.every
             last = state.step == config.steps
             if (eval_tasks or hooks.evaluate) and ((every and state.step % every == 0) or last):
-                log.write(state.step, state.policy_version, run_eval())
+                log.write(state.step, served, run_eval())
     finally:
         feed.close()
         sync.close()
@@ -306,6 +318,57 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _push(
+    sync: WeightSync, path: Path, version: int, config: TrainConfig, log: MetricsLog
+) -> PushReport | None:
+    """The weights in ``path`` into every engine as ``version``; None when the push
+    was skipped (its drain timed out on every try and ``on_push_failure`` is
+    ``skip``): the gateways then still serve the version they had."""
+    try:
+        return sync.push(path, version, on_retry=log.note)
+    except DrainTimeout as exc:
+        if config.weight_sync.on_push_failure is PushFailure.STOP:
+            raise
+        log.note(
+            f"weight push v{version} skipped: {exc}. The gateways keep serving the version "
+            "they had; these weights are pushed again before the next step"
+        )
+        return None
+
+
+def _step_push(
+    sync: WeightSync,
+    version: int,
+    config: TrainConfig,
+    log: MetricsLog,
+    hooks: Hooks,
+    counters: dict[str, float],
+) -> PushReport | None:
+    """Push the trainer's weights, already saved as ``version``, with the hooks
+    around it; counts what it did."""
+    if hooks.before_push is not None:
+        hooks.before_push(version)
+    push = _push(sync, weights_path(config.weights_dir, version), version, config, log)
+    if push is None:
+        _count(counters, "push/skipped_total")
+        return None
+    _count(counters, "push/drained_calls_total", push.drained_calls)
+    if hooks.after_push is not None:
+        hooks.after_push(push)
+    return push
+
+
+def _push_metrics(push: PushReport | None) -> dict[str, float]:
+    if push is None:
+        return {}
+    return {
+        "push/drained_calls": float(push.drained_calls),
+        "push/held_calls": float(push.held_calls),
+        "push/seconds": push.total_s,
+        "push/tries": float(push.tries),
+    }
 
 
 def _tasks(source: str, ids: list[str] | None, section: str) -> list[Task]:
