@@ -41,8 +41,9 @@ class RolloutSettings(_Section):
     task_ids: list[str] | None = None
     """Only these task ids (default: every task of ``tasks``)."""
     harness: HarnessSpec
-    group_size: int = Field(default=4, ge=1, le=1024)
-    """Sessions per task: one GRPO group."""
+    group_size: int = Field(default=4, ge=2, le=1024)
+    """Sessions per task: one GRPO group (at least 2: a session alone has no
+    group to be compared with, so its advantage is always 0)."""
     groups_per_step: int = Field(default=2, ge=1)
     max_inflight_groups: int = Field(default=4, ge=1)
     """Groups generating at once (submitted, not yet consumed): the asynchrony."""

@@ -43,6 +43,7 @@ from polar.train.batch import Group, advantages_of, group_from_result, rows_of
 from polar.train.checkpoint import (
     TrainState,
     list_checkpoints,
+    read_state,
     restore,
     save_checkpoint,
 )
@@ -81,6 +82,8 @@ class TrainResult:
     checkpoint: Path | None
     history: list[dict[str, float]] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
+    note: str | None = None
+    """Set when the run did nothing, saying why (a resumed run already at ``steps``)."""
 
 
 def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
@@ -95,6 +98,18 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
         _tasks(config.eval.tasks, config.eval.task_ids, "eval") if config.eval.tasks else []
     )
     resume_from = _resume_path(config)
+    if resume_from is not None and (done := read_state(resume_from)).step >= config.steps:
+        return TrainResult(
+            done.step,
+            done.policy_version,
+            out,
+            resume_from,
+            counters=done.counters,
+            note=(
+                f"nothing left to do: checkpoint {resume_from} is at step {done.step} and "
+                f"steps is {config.steps} (raise steps to train further)"
+            ),
+        )
     # Weight sync: every gateway answers, every engine can load weights (or we stop here).
     sync = WeightSync.from_settings(config.weight_sync)
     try:
@@ -130,7 +145,10 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
 
     if resume_from is None:
         state.policy_version = max(versions)
-    if not config.weight_sync.sync_on_start and set(versions) != {state.policy_version}:
+    if config.weight_sync.sync_on_start:
+        # pushed weights get a number no gateway has served (a version names one set of weights)
+        state.policy_version = max(state.policy_version, max(versions) + 1)
+    elif set(versions) != {state.policy_version}:
         sync.close()
         raise TrainError(
             f"weight_sync: gateways are at policy versions {versions}, the trainer at "
@@ -244,6 +262,13 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                 missing_logprob=config.grpo.missing_logprob,
             )
 
+            if advantages.zero_advantage_groups == len(groups):
+                _count(counters, "steps/nothing_to_learn_total")
+                log.note(
+                    f"step {state.step + 1}: nothing to learn from: every group's sessions have "
+                    f"equal rewards (zero advantage; rewards {_rewards_seen(groups)})"
+                )
+
             # ---------------------------------------------------------- loss and step
             step_metrics = train_step(
                 model,
@@ -274,6 +299,7 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                 "reward/std": math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)),
                 "groups/trained": float(len(groups)),
                 "groups/zero_advantage_fraction": advantages.zero_advantage_groups / len(groups),
+                "groups/nothing_to_learn": float(advantages.zero_advantage_groups == len(groups)),
                 "staleness/mean": sum(staleness) / len(staleness),
                 "staleness/max": float(max(staleness)),
                 "push/skipped": float(push is None),
@@ -358,6 +384,12 @@ def _step_push(
     if hooks.after_push is not None:
         hooks.after_push(push)
     return push
+
+
+def _rewards_seen(groups: list[Group]) -> str:
+    values = sorted({r for g in groups for r in g.rewards})
+    shown = ", ".join(f"{v:g}" for v in values[:5])
+    return shown + (", ..." if len(values) > 5 else "")
 
 
 def _push_metrics(push: PushReport | None) -> dict[str, float]:
