@@ -39,7 +39,17 @@ from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.trajectory import ChainClass, TurnSpan, row_of
 from polar.trajectory import Sample as PolarSample
 
-from support.bridges import INSTRUCTIONS, BridgeStack, expected_from_records
+from support.bridges import (
+    BETWEEN,
+    FIRST_CALL,
+    INSTRUCTIONS,
+    LOGPROBS,
+    PROMPT,
+    SECOND_CALL,
+    BridgeStack,
+    expected_from_records,
+    session_missing_a_logprob,
+)
 
 
 @dataclass
@@ -229,3 +239,16 @@ def test_a_session_with_several_traces_takes_slimes_compact_shape() -> None:
     (templates,) = DataSource(["rename-a"], 1).get_samples(1)
     plain = slime_shape([slime_samples(templates, sessions[:1], "g")])
     assert plain == [[templates[0]]]
+
+
+def test_a_sampled_token_without_a_logprob_is_not_trained_by_slime() -> None:
+    """slime's importance correction reads ``rollout_log_probs`` under the loss
+    mask, and a 0.0 there claims probability 1: such a token is masked out."""
+    (templates,) = DataSource(["rename-a"], 1).get_samples(1)
+    shaped = slime_shape([slime_samples(templates, [session_missing_a_logprob()], "g")])
+    data = train_data(shaped)
+    assert data["tokens"] == [[*PROMPT, *FIRST_CALL, *BETWEEN, *SECOND_CALL]]
+    # 10 trained, 11 (no logprob) and 50 (the environment's) not, 12 and 13 trained
+    assert data["loss_masks"] == [[1, 0, 0, 1, 1]]
+    assert data["rollout_log_probs"] == [[LOGPROBS[10], 0.0, 0.0, LOGPROBS[12], LOGPROBS[13]]]
+    assert shaped[0][0].metadata["polar_missing_logprobs"] == 1

@@ -25,20 +25,48 @@ from typing import Any
 
 import pytest
 
-from support.bridges import INSTRUCTIONS, BridgeStack, expected_from_records
+from support.bridges import (
+    BETWEEN,
+    FIRST_CALL,
+    INSTRUCTIONS,
+    LOGPROBS,
+    PROMPT,
+    SECOND_CALL,
+    BridgeStack,
+    expected_from_records,
+    session_missing_a_logprob,
+)
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 VERL_PYTHON = REPO / ".cache" / "venv-verl" / "bin" / "python"
 WORKER = REPO / "tests" / "support" / "verl_worker.py"
+OUTPUT = REPO / "tests" / "support" / "verl_output.py"
 PROMPT_LENGTH = 256
 RESPONSE_LENGTH = 256
 
 
-def run_verl(stack: BridgeStack, root: Path, prompts: list[Any]) -> dict[str, Any]:
+def verl_python() -> Path:
     if not VERL_PYTHON.exists():
         pytest.fail(f"{VERL_PYTHON} is missing: run scripts/setup --verl (scripts/check does)")
+    return VERL_PYTHON
+
+
+def run_in_verl(script: Path, request: Path) -> None:
+    done = subprocess.run(
+        [str(verl_python()), str(script), str(request)],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-6000:])
+        pytest.fail(f"{script.name} exited {done.returncode}: {done.stderr.strip()[-300:]}")
+
+
+def run_verl(stack: BridgeStack, root: Path, prompts: list[Any]) -> dict[str, Any]:
     request = root / "request.json"
     request.write_text(
         json.dumps(
@@ -51,16 +79,7 @@ def run_verl(stack: BridgeStack, root: Path, prompts: list[Any]) -> dict[str, An
             }
         )
     )
-    done = subprocess.run(
-        [str(VERL_PYTHON), str(WORKER), str(request)],
-        capture_output=True,
-        text=True,
-        timeout=540,
-        check=False,
-    )
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr[-6000:])
-        pytest.fail(f"verl's worker exited {done.returncode}: {done.stderr.strip()[-300:]}")
+    run_in_verl(WORKER, request)
     result: dict[str, Any] = json.loads((root / "batch.json").read_text())
     return result
 
@@ -102,3 +121,28 @@ def test_verl_agent_loop_batch_equals_polar_records(stack: BridgeStack, tmp_path
         assert scores[n - 1] == pytest.approx(rewards[session_id])
         assert sum(abs(s) for j, s in enumerate(scores) if j != n - 1) == 0
         assert extra["__num_turns__"][i] == 4
+
+
+def test_a_sampled_token_without_a_logprob_is_masked_out_for_verl(tmp_path: Path) -> None:
+    """verl has no "missing" logprob (its rollout correction, and its bypass mode's
+    old logprobs, read ``rollout_log_probs`` under ``response_mask``): the token
+    is masked out and counted. Built by Polar's bridge in verl's interpreter,
+    validated by verl's ``AgentLoopOutput``."""
+    request = tmp_path / "request.json"
+    request.write_text(
+        json.dumps(
+            {
+                "session": session_missing_a_logprob().model_dump(mode="json"),
+                "prompt_length": PROMPT_LENGTH,
+                "response_length": RESPONSE_LENGTH,
+                "end_token": 0,
+            }
+        )
+    )
+    run_in_verl(OUTPUT, request)
+    output = json.loads((tmp_path / "output.json").read_text())
+    assert output["prompt_ids"] == list(PROMPT)
+    assert output["response_ids"] == [*FIRST_CALL, *BETWEEN, *SECOND_CALL]
+    assert output["response_mask"] == [1, 0, 0, 1, 1]
+    assert output["response_logprobs"] == [LOGPROBS[10], 0.0, 0.0, LOGPROBS[12], LOGPROBS[13]]
+    assert output["extra_fields"]["polar_missing_logprobs"] == 1
