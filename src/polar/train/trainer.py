@@ -67,8 +67,11 @@ class Hooks:
     on_step: Callable[[int, dict[str, float]], None] | None = None
     """After each step's metrics are logged: ``(step, metrics)``."""
     before_push: Callable[[int], None] | None = None
-    """Before the gateways pause to load ``version`` (the weights are on disk)."""
+    """Before the gateways pause to load ``version`` (the weights are on disk); once
+    per try of a step's weights: again, with the same version, when a skipped push
+    is tried before the next step (not for the push at start)."""
     after_push: Callable[[PushReport], None] | None = None
+    """After a push of a step's weights landed (a skipped one has no report)."""
     evaluate: Callable[[int, int], dict[str, float]] | None = None
     """``(step, policy_version) -> metrics``, called where the built-in
     evaluation runs (merged into its metrics, logged under the same step)."""
