@@ -34,10 +34,23 @@ import pytest
 from openai.types.responses import Response
 from pydantic import BaseModel, ConfigDict
 
-from polar.bridges.nemo_gym import NemoGymBridgeConfig, create_app, main
+from polar.bridges.config import TraceChoice
+from polar.bridges.nemo_gym import NemoGymBridgeConfig, create_app, main, verify_response
+from polar.bridges.rollouts import session_sample
 from polar.testing.serverthread import ServerThread
 
-from support.bridges import INSTRUCTIONS, BridgeStack, Expected, expected_from_records
+from support.bridges import (
+    BETWEEN,
+    FIRST_CALL,
+    INSTRUCTIONS,
+    LOGPROBS,
+    PROMPT,
+    SECOND_CALL,
+    BridgeStack,
+    Expected,
+    expected_from_records,
+    session_missing_a_logprob,
+)
 from support.canned import SCORED_IDS, TIMED_OUT_IDS
 
 pytestmark = pytest.mark.slow
@@ -201,3 +214,21 @@ def test_main_refuses_a_bad_config_in_one_line(
     assert invalid.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "port" in err and "\n" not in err
+
+
+def test_a_sampled_token_without_a_logprob_reaches_nemo_rl_as_an_environment_token() -> None:
+    """NeMo RL trains every generation token against its logprob and has no
+    "missing": the call is cut around the token, which the next item's prompt
+    carries (mask 0 when NeMo Gym chains the items)."""
+    session = session_sample(session_missing_a_logprob(), "g", TraceChoice.MAIN)
+    row = {"responses_create_params": {"input": "t"}}
+    body = VerifyResponse.model_validate(verify_response(row, session, "policy"))
+    items = [TokenIds.model_validate(i) for i in body.response.model_dump()["output"]]
+    assert [i.generation_token_ids for i in items] == [[10], list(SECOND_CALL)]
+    assert [i.generation_log_probs for i in items] == [[LOGPROBS[10]], [LOGPROBS[12], LOGPROBS[13]]]
+    got = trainer_sequence(items)
+    assert got.prompt_ids == list(PROMPT)
+    assert got.completion_ids == [*FIRST_CALL, *BETWEEN, *SECOND_CALL]
+    assert got.mask == [1, 0, 0, 1, 1]
+    assert got.logprobs == [LOGPROBS[10], None, None, LOGPROBS[12], LOGPROBS[13]]
+    assert body.model_extra is not None and body.model_extra["polar_missing_logprobs"] == 1

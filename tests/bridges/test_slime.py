@@ -41,8 +41,19 @@ from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.trajectory import ChainClass, TurnSpan, row_of
 from polar.trajectory import Sample as PolarSample
 
-from support.bridges import INSTRUCTIONS, BridgeStack, expected_from_records
-from support.canned import ENGINE_FAILED_IDS, GROUP_TASK, PROMPT, SCORED_IDS, TIMED_OUT_IDS
+from support.bridges import (
+    BETWEEN,
+    FIRST_CALL,
+    INSTRUCTIONS,
+    LOGPROBS,
+    PROMPT,
+    SECOND_CALL,
+    BridgeStack,
+    expected_from_records,
+    session_missing_a_logprob,
+)
+from support.canned import ENGINE_FAILED_IDS, GROUP_TASK, SCORED_IDS, TIMED_OUT_IDS
+from support.canned import PROMPT as CANNED_PROMPT
 
 
 @dataclass
@@ -167,15 +178,15 @@ def test_a_timeout_trains_with_reward_zero_and_infrastructure_failures_are_maske
     status = SlimeSample.Status
 
     assert not scored.remove_sample and scored.status is status.COMPLETED
-    assert scored.reward == 1.0 and scored.tokens == [*PROMPT, *SCORED_IDS]
+    assert scored.reward == 1.0 and scored.tokens == [*CANNED_PROMPT, *SCORED_IDS]
     # The agent's failure: its partial trace trained with reward 0.0.
     assert not timed_out.remove_sample and timed_out.status is status.TRUNCATED
-    assert timed_out.reward == 0.0 and timed_out.tokens == [*PROMPT, *TIMED_OUT_IDS]
+    assert timed_out.reward == 0.0 and timed_out.tokens == [*CANNED_PROMPT, *TIMED_OUT_IDS]
     assert timed_out.loss_mask == [1] * len(TIMED_OUT_IDS)
     assert timed_out.metadata["polar_failure"] == "timeout"
     # Not the agent's: removed (slime zeroes their loss mask), status FAILED.
     assert engine.remove_sample and engine.status is status.FAILED
-    assert engine.tokens == [*PROMPT, *ENGINE_FAILED_IDS] and engine.reward == 0.0
+    assert engine.tokens == [*CANNED_PROMPT, *ENGINE_FAILED_IDS] and engine.reward == 0.0
     assert engine.metadata["polar_failure"] == "engine"
     assert engine.metadata["polar_use"] == "masked"
     assert unprepared.remove_sample and unprepared.status is status.FAILED
@@ -275,3 +286,16 @@ def test_a_session_with_several_traces_takes_slimes_compact_shape() -> None:
     (templates,) = DataSource(["rename-a"], 1).get_samples(1)
     plain = slime_shape([slime_samples(templates, sessions[:1], "g")])
     assert plain == [[templates[0]]]
+
+
+def test_a_sampled_token_without_a_logprob_is_not_trained_by_slime() -> None:
+    """slime's importance correction reads ``rollout_log_probs`` under the loss
+    mask, and a 0.0 there claims probability 1: such a token is masked out."""
+    (templates,) = DataSource(["rename-a"], 1).get_samples(1)
+    shaped = slime_shape([slime_samples(templates, [session_missing_a_logprob()], "g")])
+    data = train_data(shaped)
+    assert data["tokens"] == [[*PROMPT, *FIRST_CALL, *BETWEEN, *SECOND_CALL]]
+    # 10 trained, 11 (no logprob) and 50 (the environment's) not, 12 and 13 trained
+    assert data["loss_masks"] == [[1, 0, 0, 1, 1]]
+    assert data["rollout_log_probs"] == [[LOGPROBS[10], 0.0, 0.0, LOGPROBS[12], LOGPROBS[13]]]
+    assert shaped[0][0].metadata["polar_missing_logprobs"] == 1

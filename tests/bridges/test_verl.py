@@ -25,21 +25,50 @@ from typing import Any
 
 import pytest
 
-from support.bridges import INSTRUCTIONS, BridgeStack, expected_from_records
-from support.canned import PROMPT, SCORED_IDS, TIMED_OUT_IDS
+from support.bridges import (
+    BETWEEN,
+    FIRST_CALL,
+    INSTRUCTIONS,
+    LOGPROBS,
+    PROMPT,
+    SECOND_CALL,
+    BridgeStack,
+    expected_from_records,
+    session_missing_a_logprob,
+)
+from support.canned import PROMPT as CANNED_PROMPT
+from support.canned import SCORED_IDS, TIMED_OUT_IDS
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 VERL_PYTHON = REPO / ".cache" / "venv-verl" / "bin" / "python"
 WORKER = REPO / "tests" / "support" / "verl_worker.py"
+OUTPUT = REPO / "tests" / "support" / "verl_output.py"
 PROMPT_LENGTH = 256
 RESPONSE_LENGTH = 256
 
 
-def run_verl(model: Path, bridge: dict[str, Any], root: Path, prompts: list[Any]) -> dict[str, Any]:
+def verl_python() -> Path:
     if not VERL_PYTHON.exists():
         pytest.fail(f"{VERL_PYTHON} is missing: run scripts/setup --verl (scripts/check does)")
+    return VERL_PYTHON
+
+
+def run_in_verl(script: Path, request: Path) -> None:
+    done = subprocess.run(
+        [str(verl_python()), str(script), str(request)],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-6000:])
+        pytest.fail(f"{script.name} exited {done.returncode}: {done.stderr.strip()[-300:]}")
+
+
+def run_verl(model: Path, bridge: dict[str, Any], root: Path, prompts: list[Any]) -> dict[str, Any]:
     request = root / "request.json"
     request.write_text(
         json.dumps(
@@ -52,16 +81,7 @@ def run_verl(model: Path, bridge: dict[str, Any], root: Path, prompts: list[Any]
             }
         )
     )
-    done = subprocess.run(
-        [str(VERL_PYTHON), str(WORKER), str(request)],
-        capture_output=True,
-        text=True,
-        timeout=540,
-        check=False,
-    )
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr[-6000:])
-        pytest.fail(f"verl's worker exited {done.returncode}: {done.stderr.strip()[-300:]}")
+    run_in_verl(WORKER, request)
     result: dict[str, Any] = json.loads((root / "batch.json").read_text())
     return result
 
@@ -124,7 +144,7 @@ def test_a_timeout_trains_with_reward_zero_and_infrastructure_failures_are_maske
         return t["responses"][i][:n], t["response_mask"][i][:n], t["rm_scores"][i][:n]
 
     ok, slow = response(0), response(1)
-    assert t["prompts"][0][-len(PROMPT) :] == list(PROMPT)
+    assert t["prompts"][0][-len(CANNED_PROMPT) :] == list(CANNED_PROMPT)
     assert ok == (list(SCORED_IDS), [1, 1, 1], [0.0, 0.0, 1.0])
     # The agent's failure: its partial trace under the mask, scored 0.0.
     assert slow == (list(TIMED_OUT_IDS), [1, 1], [0.0, 0.0])
@@ -132,3 +152,28 @@ def test_a_timeout_trains_with_reward_zero_and_infrastructure_failures_are_maske
     for i in (2, 3):
         ids, mask, scores = response(i)
         assert len(ids) == 1 and mask == [0] and scores == [0.0]
+
+
+def test_a_sampled_token_without_a_logprob_is_masked_out_for_verl(tmp_path: Path) -> None:
+    """verl has no "missing" logprob (its rollout correction, and its bypass mode's
+    old logprobs, read ``rollout_log_probs`` under ``response_mask``): the token
+    is masked out and counted. Built by Polar's bridge in verl's interpreter,
+    validated by verl's ``AgentLoopOutput``."""
+    request = tmp_path / "request.json"
+    request.write_text(
+        json.dumps(
+            {
+                "session": session_missing_a_logprob().model_dump(mode="json"),
+                "prompt_length": PROMPT_LENGTH,
+                "response_length": RESPONSE_LENGTH,
+                "end_token": 0,
+            }
+        )
+    )
+    run_in_verl(OUTPUT, request)
+    output = json.loads((tmp_path / "output.json").read_text())
+    assert output["prompt_ids"] == list(PROMPT)
+    assert output["response_ids"] == [*FIRST_CALL, *BETWEEN, *SECOND_CALL]
+    assert output["response_mask"] == [1, 0, 0, 1, 1]
+    assert output["response_logprobs"] == [LOGPROBS[10], 0.0, 0.0, LOGPROBS[12], LOGPROBS[13]]
+    assert output["extra_fields"]["polar_missing_logprobs"] == 1

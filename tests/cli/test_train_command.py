@@ -40,6 +40,10 @@ def polar(*args: str) -> subprocess.CompletedProcess[str]:
 BAD = [
     (("steps: 2", "steps: 0"), "steps"),
     (("tasks: builtin", "tasks: builtin\n  group_size: 0"), "rollout.group_size"),
+    # a group of one session has nothing to compare with: it can never train
+    (("tasks: builtin", "tasks: builtin\n  group_size: 1"), "rollout.group_size"),
+    (('127.0.0.1:9"}]', '127.0.0.1:9"}]\n  on_push_failure: retry'), "on_push_failure"),
+    (('127.0.0.1:9"}]', '127.0.0.1:9"}]\n  push_retries: -1'), "weight_sync.push_retries"),
     (("kind: embedded", "kind: tgi"), "weight_sync.engines.0.kind"),
     (("steps: 2", "steps: 2\ngrpo: {clip_low: 1.5}"), "grpo.clip_low"),
     (("steps: 2", "steps: 2\nlearning_rate: 1"), "learning_rate"),

@@ -28,9 +28,11 @@ from polar.ir import CompletionRecord, RecordStatus
 from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.proxy.store import SqliteStore
 from polar.rollout.client import RolloutClient
-from polar.rollout.protocol import TaskResult
+from polar.rollout.protocol import SessionResult, SessionStatus, TaskResult
 from polar.testing.serverthread import ServerThread
 from polar.tinymodel import build_tiny_model
+from polar.trajectory import ChainClass, TurnSpan, row_of
+from polar.trajectory import Sample as PolarSample
 
 from support.rollout import CONTROL_TOKEN, RolloutStack
 
@@ -214,3 +216,53 @@ def expected_from_records(records: list[CompletionRecord]) -> Expected:
             mask[len(call.prompt_ids) - start + i] = 1
             logprobs[len(call.prompt_ids) - start + i] = logprob
     return Expected(full[:start], full[start:], mask, logprobs, [c.policy_version for c in calls])
+
+
+# ---------------------------------------------------------------- a sampled token without a logprob
+
+PROMPT = (1, 2, 3)
+FIRST_CALL = (10, 11)
+"""Sampled by the first call; the engine reported no logprob for 11."""
+BETWEEN = (50,)
+"""The environment's token before the second call."""
+SECOND_CALL = (12, 13)
+LOGPROBS = {10: -0.5, 12: -1.0, 13: -2.0}
+
+
+def session_missing_a_logprob(session_id: str = "s-missing") -> SessionResult:
+    """A scored session whose one trace (two calls) has a sampled token, 11,
+    without a recorded logprob (``logprob_mask`` 0, loss mask 1), as the node
+    exports it when an engine omits a logprob or reports a non-finite one."""
+    response = (*FIRST_CALL, *BETWEEN, *SECOND_CALL)
+    trace = PolarSample(
+        trace_id=f"{session_id}/0.0",
+        session_id=session_id,
+        group_id="g",
+        builder="prefix_merge",
+        chain=0,
+        segment=0,
+        chain_class=ChainClass.MAIN,
+        break_reason=None,
+        trainable=True,
+        policy_version=3,
+        prompt_ids=PROMPT,
+        response_ids=response,
+        loss_mask=(1, 1, 0, 1, 1),
+        rollout_logprobs=tuple(LOGPROBS.get(t, 0.0) for t in response),
+        logprob_mask=tuple(int(t in LOGPROBS) for t in response),
+        reward=1.0,
+        reward_scale=1.0,
+        finish_reason=None,
+        source_records=("r1", "r2"),
+        turn_offsets=(TurnSpan("r1", 0, 0, 2), TurnSpan("r2", 2, 3, 5)),
+        truncated_turns=0,
+        malformed_tool_calls=0,
+    )
+    return SessionResult(
+        session_id=session_id,
+        task_id="t",
+        sample_index=0,
+        status=SessionStatus.COMPLETED,
+        reward=1.0,
+        samples=[json.loads(json.dumps(row_of(trace)))],
+    )

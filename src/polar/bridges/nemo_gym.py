@@ -13,8 +13,10 @@ or, failing that, what ``responses_create_params.input`` names (a task id or
 its instruction, as a string or as messages whose last user message is it);
 Polar runs it as one session (a group of one: NeMo RL repeats rows itself)
 and answers with one ``message`` output item per model call of the session's
-trace, in order. Each item carries the call's full prompt ids, its sampled
-ids and their logprobs, so consecutive items chain the way NeMo Gym's own
+trace, in order (a call is cut in two around a sampled token the engine gave
+no logprob for, which then counts as an environment token, counted in
+``polar_missing_logprobs``). Each item carries the call's full prompt ids, its
+sampled ids and their logprobs, so consecutive items chain the way NeMo Gym's own
 ``prefix_merging`` rebuilds a rollout (``nemo_gym/token_id_capture/builder.py``:
 the tokens a prompt adds after the previous prompt and generation are
 environment tokens, mask 0). The item's ``content`` text is empty: Polar
@@ -43,6 +45,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
+from itertools import groupby
 from typing import Any, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -58,6 +61,7 @@ from polar.bridges.rollouts import (
     PolarRollouts,
     SessionSample,
     group_sessions,
+    missing_logprobs,
 )
 from polar.configfile import ConfigError, describe_error
 from polar.rollout.failure import Fault, SessionUse
@@ -101,24 +105,30 @@ def input_prompt(params: ResponsesCreateParams) -> Any:
 
 
 def output_items(trace: Sample, item_prefix: str) -> list[dict[str, Any]]:
-    """One training ``message`` item per model call of the trace."""
-    items = []
-    for k, turn in enumerate(trace.turn_offsets):
-        sampled = range(turn.sampled_start, turn.end)
-        items.append(
-            {
-                "id": f"{item_prefix}_{k}",
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": "", "annotations": []}],
-                "prompt_token_ids": [*trace.prompt_ids, *trace.response_ids[: turn.sampled_start]],
-                "generation_token_ids": [trace.response_ids[i] for i in sampled],
-                "generation_log_probs": [
-                    trace.rollout_logprobs[i] if trace.logprob_mask[i] else 0.0 for i in sampled
-                ],
-            }
-        )
+    """One training ``message`` item per model call of the trace, each a run of
+    sampled tokens that have a logprob.
+
+    NeMo Gym's items have no per-token mask and no "missing" logprob, and NeMo
+    RL trains every generation token against its ``generation_log_probs``; so a
+    sampled token the engine gave no logprob for ends its item, and the next
+    item's prompt carries it: the trainer sees it as an environment token
+    (mask 0), as it sees tool output (:func:`missing_logprobs` counts them).
+    """
+    items: list[dict[str, Any]] = []
+    for turn in trace.turn_offsets:
+        for start, end in _logprob_runs(trace, turn.sampled_start, turn.end):
+            items.append(
+                {
+                    "id": f"{item_prefix}_{len(items)}",
+                    "type": "message",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "", "annotations": []}],
+                    "prompt_token_ids": [*trace.prompt_ids, *trace.response_ids[:start]],
+                    "generation_token_ids": list(trace.response_ids[start:end]),
+                    "generation_log_probs": list(trace.rollout_logprobs[start:end]),
+                }
+            )
     return items
 
 
@@ -139,6 +149,16 @@ def response_status(session: SessionSample) -> str:
             return "cancelled" if failure is not None and failure.fault is Fault.NONE else "failed"
         case unreachable:
             assert_never(unreachable)
+
+
+def _logprob_runs(trace: Sample, start: int, end: int) -> list[tuple[int, int]]:
+    """The maximal ``[a, b)`` within ``[start, end)`` whose tokens all have a logprob."""
+    runs = []
+    for has, group in groupby(range(start, end), key=lambda i: bool(trace.logprob_mask[i])):
+        if has:
+            positions = list(group)
+            runs.append((positions[0], positions[-1] + 1))
+    return runs
 
 
 def verify_response(request: dict[str, Any], session: SessionSample, model: str) -> dict[str, Any]:
@@ -187,6 +207,7 @@ def verify_response(request: dict[str, Any], session: SessionSample, model: str)
         "polar_usable": session.usable,
         "polar_traces": session.traces,
         "polar_undelivered_tokens": session.undelivered_tokens,
+        "polar_missing_logprobs": missing_logprobs(trace) if trace is not None else 0,
     }
 
 

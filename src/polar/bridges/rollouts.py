@@ -325,6 +325,24 @@ def trained_tokens(sample: Sample) -> int:
     return sum(sample.loss_mask)
 
 
+def logprob_loss_mask(sample: Sample) -> list[int]:
+    """The loss mask without the sampled tokens that have no recorded logprob
+    (``logprob_mask`` 0: the engine reported none, or a non-finite one).
+
+    For trainers that read a rollout logprob under every mask-1 token (verl's
+    and slime's importance correction, NeMo RL's) and have no way to say
+    "missing": a 0.0 there would claim probability 1 for the sampled token.
+    Such a token is not trained by them (:func:`missing_logprobs` counts it);
+    TRL, which takes ``None`` as "no logprob", keeps it.
+    """
+    return [m & p for m, p in zip(sample.loss_mask, sample.logprob_mask, strict=True)]
+
+
+def missing_logprobs(sample: Sample) -> int:
+    """Sampled tokens (loss mask 1) without a recorded logprob."""
+    return sum(m & (1 - p) for m, p in zip(sample.loss_mask, sample.logprob_mask, strict=True))
+
+
 def session_sample(result: SessionResult, group_id: str, choice: TraceChoice) -> SessionSample:
     traces = traces_of(result)
     if not traces:

@@ -15,8 +15,11 @@ slime's data source hands over ``rollout_batch_size`` groups of
 Polar task whose prompt names it (:mod:`polar.bridges.rollouts`), and each
 session fills the copy at its sample index, in place, as slime's own rollout
 does: ``tokens`` (prompt then response ids, as the gateway recorded them),
-``response_length``, ``loss_mask`` (1 sampled, 0 tool/environment),
-``rollout_log_probs`` (the engine's, 0.0 where the token was not sampled),
+``response_length``, ``loss_mask`` (1 sampled, 0 tool/environment, and 0 on
+a sampled token the engine gave no logprob for: slime's importance
+correction would read 0.0 as probability 1; counted in ``metadata
+["polar_missing_logprobs"]`` and the rollout's ``polar/missing_logprobs``),
+``rollout_log_probs`` (the engine's, 0.0 where the token is not trained),
 ``reward``, ``status``, ``weight_versions``, ``session_id``, and Polar's ids in
 ``metadata``. No slime import is needed: the bridge fills slime's own objects.
 
@@ -50,6 +53,8 @@ from polar.bridges.rollouts import (
     GroupRequest,
     PolarRollouts,
     current_sessions,
+    logprob_loss_mask,
+    missing_logprobs,
     trace_reward,
     traces_of,
 )
@@ -133,9 +138,9 @@ def _fill(
 ) -> None:
     sample.tokens = [*trace.prompt_ids, *trace.response_ids]
     sample.response_length = len(trace.response_ids)
-    sample.loss_mask = list(trace.loss_mask)
+    sample.loss_mask = logprob_loss_mask(trace)
     sample.rollout_log_probs = [
-        v if m else 0.0 for v, m in zip(trace.rollout_logprobs, trace.logprob_mask, strict=True)
+        v if m else 0.0 for v, m in zip(trace.rollout_logprobs, sample.loss_mask, strict=True)
     ]
     sample.reward = _reward(session, trace)
     sample.status = _status(sample, session, trace)
@@ -146,6 +151,7 @@ def _fill(
         **_metadata(sample, session, group_id),
         "polar_trace": trace.trace_id,
         "polar_traces": n,
+        "polar_missing_logprobs": missing_logprobs(trace),
     }
     if n > 1:
         sample.rollout_id = sample.index  # siblings of one rollout: counted once by slime
@@ -199,6 +205,9 @@ class SlimeRollout:
             "polar/agent_failed": sum(session_use(s) is SessionUse.FAILED for s in sessions),
             "polar/masked": sum(session_use(s) is SessionUse.MASKED for s in sessions),
             "polar/traces": sum(len(t) for g in per_group for t in g),
+            "polar/missing_logprobs": sum(
+                missing_logprobs(trace) for s in sessions for trace in traces_of(s)
+            ),
         }
         return samples, metrics
 

@@ -17,7 +17,10 @@ prompt by its own ``uid``), and returns verl's ``AgentLoopOutput``:
 - ``prompt_ids``: the trace's first prompt, as the engine received it;
 - ``response_ids``: the rest of the prefix-merged trace (each call's sampled
   ids and, between them, the next prompt's new tokens);
-- ``response_mask``: 1 on sampled ids, 0 on tool/environment tokens;
+- ``response_mask``: 1 on sampled ids, 0 on tool/environment tokens and on a
+  sampled id the engine gave no logprob for (verl has no "missing": its
+  rollout correction would read 0.0 as probability 1; counted in
+  ``extra_fields["polar_missing_logprobs"]``);
 - ``response_logprobs``: the engine's logprob of each sampled id (0.0 elsewhere;
   verl reads them only under the mask);
 - ``reward_score``: Polar's score (verl then skips its own reward loop);
@@ -61,6 +64,7 @@ from polar.bridges.rollouts import (
     PolarRollouts,
     SessionSample,
     group_sessions,
+    logprob_loss_mask,
 )
 
 MASKED_SCORE = 0.0
@@ -81,6 +85,7 @@ def verl_output(
         "polar_use": session.use.value,
         "polar_failure": session.failure,
         "polar_truncated": 0,
+        "polar_missing_logprobs": 0,
     }
     t = session.trace
     reward = session.reward  # None: masked
@@ -101,15 +106,16 @@ def verl_output(
             f"more than rollout.prompt_length ({prompt_length})"
         )
     keep = min(len(t.response_ids), response_length)
+    mask = logprob_loss_mask(t)[:keep]
     extra["polar_truncated"] = len(t.response_ids) - keep
     extra["polar_policy_version"] = t.policy_version
+    extra["polar_missing_logprobs"] = sum(t.loss_mask[:keep]) - sum(mask)
     return AgentLoopOutput(
         prompt_ids=list(t.prompt_ids),
         response_ids=list(t.response_ids[:keep]),
-        response_mask=list(t.loss_mask[:keep]),
+        response_mask=mask,
         response_logprobs=[
-            v if m else 0.0
-            for v, m in zip(t.rollout_logprobs[:keep], t.logprob_mask[:keep], strict=True)
+            v if m else 0.0 for v, m in zip(t.rollout_logprobs[:keep], mask, strict=True)
         ],
         reward_score=reward,
         num_turns=2 * len(t.turn_offsets),  # the user turn, then per call: reply, environment

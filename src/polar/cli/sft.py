@@ -240,7 +240,10 @@ def sft(
     max_length: Annotated[int | None, typer.Option(help="Leave out rows longer than this.")] = None,
     seed: Annotated[int, typer.Option(help="Data order and initialisation seed.")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    dtype: Annotated[str, typer.Option(help="auto, float32 or bfloat16.")] = "auto",
+    dtype: Annotated[
+        str,
+        typer.Option(help="Compute: auto, float32 or bfloat16 (weights stay float32)."),
+    ] = "auto",
 ) -> None:
     """Supervised fine-tuning on a token export; loss per step in OUT/loss.jsonl."""
     from pydantic import ValidationError
@@ -279,7 +282,7 @@ def sft(
     )
     typer.echo(
         f"trained {report.steps} steps on {report.rows} rows ({report.tokens} labelled tokens) "
-        f"on {report.device} in {report.seconds:.1f} s; {loss}"
+        f"on {report.device} ({report.precision} compute) in {report.seconds:.1f} s; {loss}"
     )
     if report.rows_too_long or report.rows_unlabelled:
         typer.echo(

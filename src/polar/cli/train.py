@@ -42,6 +42,9 @@ def train(
         result = run(parsed)
     except (TrainError, WeightSyncError, CheckpointError, RolloutError) as exc:
         fail("train", str(exc), code=1)
+    if result.note is not None:
+        typer.echo(result.note)
+        return
     typer.echo(
         f"trained {result.steps} steps; policy version {result.policy_version}; "
         f"checkpoint {result.checkpoint}; metrics in {result.output_dir}"

@@ -68,13 +68,19 @@ def collate(rows: Sequence[TokenRow], pad_id: int) -> Batch:
     return Batch(ids, attention, labels)
 
 
-def loss_sum(model: Any, batch: Batch) -> Any:
-    """Summed next-token cross-entropy over the labelled positions (a scalar tensor).
+def loss_sum(model: Any, batch: Batch, *, chunk: int = 512) -> Any:
+    """Summed next-token cross-entropy over the labelled positions (a float32
+    scalar tensor, differentiable when gradients are enabled).
 
     The output projection (V x H, the largest matrix of a small model) is
-    applied only at positions that predict a labelled token, not at every one.
+    applied only at positions that predict a labelled token, ``chunk`` of them
+    at a time; with gradients on, each chunk's logits are recomputed in the
+    backward pass (activation checkpointing), so at most ``[chunk, V]`` logits
+    are alive at once, never ``[N, V]``. The GRPO step projects the same way
+    (:func:`polar.train.logprobs.token_logprobs`).
     """
     import torch
+    from torch.utils.checkpoint import checkpoint
 
     decoder = model.get_decoder()
     hidden = decoder(
@@ -82,8 +88,23 @@ def loss_sum(model: Any, batch: Batch) -> Any:
     ).last_hidden_state  # [B, T, H]
     targets = batch.labels[:, 1:]  # [B, T-1]: hidden[:, t] predicts token t + 1
     keep = targets != IGNORE  # [B, T-1]
-    logits = model.get_output_embeddings()(hidden[:, :-1][keep])  # [N, V]
-    return torch.nn.functional.cross_entropy(logits.float(), targets[keep], reduction="sum")
+    picked, wanted = hidden[:, :-1][keep], targets[keep]  # [N, H], [N]
+    head = model.get_output_embeddings()
+    parts = []
+    for start in range(0, max(1, picked.shape[0]), chunk):
+        h, y = picked[start : start + chunk], wanted[start : start + chunk]
+        if torch.is_grad_enabled() and h.shape[0]:
+            parts.append(checkpoint(_chunk_loss, head, h, y, use_reentrant=False))
+        else:
+            parts.append(_chunk_loss(head, h, y))
+    return torch.stack(parts).sum()
+
+
+def _chunk_loss(head: Any, hidden: Any, targets: Any) -> Any:
+    import torch
+
+    logits = head(hidden).float()  # [n, V]
+    return torch.nn.functional.cross_entropy(logits, targets, reduction="sum")
 
 
 def learning_rate(step: int, *, base: float, warmup_steps: int) -> float:

@@ -9,6 +9,13 @@ mean, not a mean of per-row means: a long trajectory weighs by what the model
 wrote in it). AdamW, linear warm-up then a constant learning rate, gradient
 norm clipped. Deterministic given the seed on a CPU.
 
+Precision (:mod:`polar.precision`): the weights and AdamW's state are float32
+whatever ``dtype`` says, and so is the model written out; ``dtype`` is the
+forward pass's compute (``bfloat16``: under autocast; ``auto``: bfloat16 on a
+GPU that has it, float32 otherwise). The output projection runs only at
+labelled positions, ``logprob_chunk`` of them at a time, recomputed in the
+backward pass (:func:`polar.sft.batching.loss_sum`).
+
 Rows longer than ``max_length`` are left out and counted, never truncated (a
 cut trajectory would teach its beginning without its end). The model and its
 tokenizer are written to ``out`` atomically, with ``polar-sft.json`` (the
@@ -26,13 +33,15 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from polar.sft.batching import collate, learning_rate, loss_sum, micro_batches, step_plan
+from polar.precision import Precision, autocast, default_precision, device_of, load_master
+from polar.sft.batching import Batch, collate, learning_rate, loss_sum, micro_batches, step_plan
 from polar.sft.export import ExportFileError, ExportFormat, ExportKind, export_path, token_rows
 
 REPORT_FILE = "polar-sft.json"
@@ -68,7 +77,10 @@ class FinetuneConfig(BaseModel):
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """``auto``: bfloat16 on a GPU that has it, float32 otherwise."""
+    """The forward pass's precision (weights and optimizer state stay float32):
+    ``auto`` is bfloat16 on a GPU that has it, float32 otherwise."""
+    logprob_chunk: int = Field(default=512, ge=1)
+    """Labelled tokens whose vocabulary projection is computed at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +96,8 @@ class FinetuneReport:
     first_loss: float | None
     last_loss: float | None
     device: str
+    precision: str
+    """The forward pass's (the weights are float32)."""
     seconds: float
 
 
@@ -121,7 +135,6 @@ def data_file(path: Path) -> Path:
 def finetune(config: FinetuneConfig, *, progress: bool = False) -> FinetuneReport:
     """Train ``config.model`` on ``config.data``; write the result to ``config.out``."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from polar.tokenizer import load_tokenizer
 
@@ -142,10 +155,10 @@ def finetune(config: FinetuneConfig, *, progress: bool = False) -> FinetuneRepor
         raise FinetuneError(f"{config.model}: not a model directory (no config.json)")
 
     device = _device(config.device, torch)
-    dtype = _dtype(config.dtype, device, torch)
+    precision = default_precision(device) if config.dtype == "auto" else Precision(config.dtype)
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
-    model: Any = AutoModelForCausalLM.from_pretrained(str(config.model), dtype=dtype).to(device)
+    model: Any = load_master(config.model).to(device)  # float32 master weights
     vocab = model.get_output_embeddings().weight.shape[0]
     too_big = max(max(r.input_ids) for r in kept)
     if too_big >= vocab:
@@ -177,16 +190,14 @@ def finetune(config: FinetuneConfig, *, progress: bool = False) -> FinetuneRepor
                 collate([kept[i] for i in part], pad_id) for part in micro_batches(indices, micro)
             ]
             labelled = sum(b.labelled for b in batches)
-            optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for batch in batches:
-                loss = loss_sum(model, batch.to(device)) / labelled
-                loss.backward()
-                total += float(loss.detach())
-            norm = torch.nn.utils.clip_grad_norm_(
-                model.parameters(), config.max_grad_norm or float("inf")
+            total, norm = sft_step(
+                model,
+                optimizer,
+                batches,
+                precision=precision,
+                max_grad_norm=config.max_grad_norm,
+                chunk=config.logprob_chunk,
             )
-            optimizer.step()
             # ---- log
             losses.append(total)
             tokens += labelled
@@ -196,7 +207,7 @@ def finetune(config: FinetuneConfig, *, progress: bool = False) -> FinetuneRepor
                 "loss": total,
                 "tokens": labelled,
                 "learning_rate": lr,
-                "grad_norm": float(norm),
+                "grad_norm": norm,
                 "seconds": round(time.monotonic() - started, 3),
             }
             log.write(json.dumps(entry) + "\n")
@@ -215,6 +226,7 @@ def finetune(config: FinetuneConfig, *, progress: bool = False) -> FinetuneRepor
         first_loss=losses[0] if losses else None,
         last_loss=losses[-1] if losses else None,
         device=str(device),
+        precision=precision.value,
         seconds=round(time.monotonic() - started, 3),
     )
     (tmp / REPORT_FILE).write_text(
@@ -226,19 +238,42 @@ def finetune(config: FinetuneConfig, *, progress: bool = False) -> FinetuneRepor
     return report
 
 
+def sft_step(
+    model: Any,
+    optimizer: Any,
+    batches: Sequence[Batch],
+    *,
+    precision: Precision,
+    max_grad_norm: float | None,
+    chunk: int = 512,
+) -> tuple[float, float]:
+    """One optimizer step over the micro-batches of one batch; returns its loss
+    (the token mean over every labelled token of ``batches``) and the gradient
+    norm before clipping. The micro-batches' token-summed losses share one
+    denominator; each forward pass runs under :func:`polar.precision.autocast`,
+    its backward outside it."""
+    import torch
+
+    device = device_of(model)
+    labelled = sum(b.labelled for b in batches)
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for batch in batches:
+        with autocast(precision, device):
+            loss = loss_sum(model, batch.to(device), chunk=chunk) / labelled
+        loss.backward()
+        total += float(loss.detach())
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
+    optimizer.step()
+    return total, float(norm)
+
+
 def _device(choice: str, torch: Any) -> Any:
     if choice == "cuda" and not torch.cuda.is_available():
         raise FinetuneError("device cuda: no GPU is available")
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(choice)
-
-
-def _dtype(choice: str, device: Any, torch: Any) -> Any:
-    if choice == "auto":
-        gpu_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if gpu_bf16 else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[choice]
 
 
 class _bar:

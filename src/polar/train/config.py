@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from polar.configfile import load_config
+from polar.precision import Precision
 from polar.proxy.behaviour import SamplingPolicy
 from polar.rollout.protocol import HarnessSpec
 from polar.train.grpo import Aggregation, Baseline, MissingLogprob
@@ -41,8 +42,9 @@ class RolloutSettings(_Section):
     task_ids: list[str] | None = None
     """Only these task ids (default: every task of ``tasks``)."""
     harness: HarnessSpec
-    group_size: int = Field(default=4, ge=1, le=1024)
-    """Sessions per task: one GRPO group."""
+    group_size: int = Field(default=4, ge=2, le=1024)
+    """Sessions per task: one GRPO group (at least 2: a session alone has no
+    group to be compared with, so its advantage is always 0)."""
     groups_per_step: int = Field(default=2, ge=1)
     max_inflight_groups: int = Field(default=4, ge=1)
     """Groups generating at once (submitted, not yet consumed): the asynchrony."""
@@ -85,6 +87,16 @@ class EngineTarget(_Section):
     api_key: str | None = None
 
 
+class PushFailure(StrEnum):
+    """What a run does with a weight push whose drain timed out on every try."""
+
+    SKIP = "skip"
+    """Keep training (logged, counted in ``push/skipped_total``): the gateways keep
+    serving the version they had, and the next push carries the newer weights."""
+    STOP = "stop"
+    """End the run with the error."""
+
+
 class GatewayTarget(_Section):
     url: HttpUrl
     admin_token: str = Field(min_length=16)
@@ -96,6 +108,14 @@ class WeightSyncSettings(_Section):
     engines: list[EngineTarget] = Field(min_length=1)
     drain_timeout_s: float = Field(default=300.0, gt=0)
     """How long a push waits for in-flight calls to finish on the old weights."""
+    push_retries: int = Field(default=2, ge=0)
+    """Tries after a drain that timed out (nothing was loaded; the gateways resumed
+    on the old version and are paused again)."""
+    retry_backoff_s: float = Field(default=5.0, ge=0)
+    """The wait before the first retry, doubled before each next one."""
+    on_push_failure: PushFailure = PushFailure.SKIP
+    """After the last retry: ``skip`` the push and keep training, or ``stop``. A
+    failed load is never skipped: it stops the run (engines may disagree)."""
     request_timeout_s: float = Field(default=600.0, gt=0)
     """Longest wait for one engine to load new weights."""
     sync_on_start: bool = True
@@ -141,7 +161,9 @@ class OptimSettings(_Section):
     """Tokens (padding included) per forward/backward pass."""
     logprob_chunk: int = Field(default=512, ge=1)
     """Loss tokens whose vocabulary projection is computed at once."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Precision = Precision.FLOAT32
+    """The forward pass's precision: ``bfloat16`` computes under autocast to
+    bfloat16; weights and AdamW state stay float32 either way (:mod:`polar.precision`)."""
     threads: int | None = Field(default=None, ge=1)
 
 

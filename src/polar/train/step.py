@@ -12,6 +12,11 @@ distribution each token was sampled from (:mod:`polar.train.logprobs`), the
 one the engine's recorded logprob is of. A sampled token outside the support
 of the trainer's own distribution gets no weight and is counted
 (``trainer/outside_support_tokens``).
+
+Precision (:mod:`polar.precision`): the model's weights and the optimizer's
+state are float32; ``StepSettings.precision`` decides the forward passes'
+compute (``bfloat16``: under autocast), and backward and the optimizer step run
+outside it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 import torch
 
+from polar.precision import Precision, autocast, device_of
 from polar.train.batch import MicroBatch, Row, microbatches, reweighted, split_by_session
 from polar.train.grpo import (
     Aggregation,
@@ -51,6 +57,9 @@ class StepSettings:
     max_grad_norm: float = 1.0
     logprob_chunk: int = 512
     pad_id: int = 0
+    precision: Precision = Precision.FLOAT32
+    """Forward passes under :func:`polar.precision.autocast`; the model's weights
+    (and so the optimizer's state) are float32 whatever this is."""
 
 
 class _Totals:
@@ -101,9 +110,10 @@ def train_step(
         microbatches(part, max_tokens=settings.micro_batch_tokens, pad_id=settings.pad_id)
         for part in parts
     ]
+    device = device_of(model)
     old: list[list[torch.Tensor | None]] = [[None] * len(mbs) for mbs in packed]
     if len(packed) > 1:
-        with torch.no_grad():
+        with torch.no_grad(), autocast(settings.precision, device):
             for i, mbs in enumerate(packed):
                 for j, mb in enumerate(mbs):
                     old[i][j] = _logprobs(model, mb, settings).values
@@ -114,18 +124,19 @@ def train_step(
     for i, mbs in enumerate(packed):
         optimizer.zero_grad(set_to_none=True)
         for j, mb in enumerate(mbs):
-            logprobs, outside = _logprobs(model, mb, settings)  # [N], [N]
-            if outside.any():
-                # Sampled, but outside the support the trainer's logits give: no weight.
-                mb = replace(
-                    mb,
-                    weights=torch.where(outside, 0.0, mb.weights),
-                    rollout_mask=mb.rollout_mask & ~outside,
-                )
-                totals.outside += int(outside.sum())
-            reference = old[i][j]
-            old_lp = logprobs.detach() if reference is None else reference
-            objective = _objective(model, mb, logprobs, old_lp, loss, totals, ref_model)
+            with autocast(settings.precision, device):  # the forward pass and the loss
+                logprobs, outside = _logprobs(model, mb, settings)  # [N], [N]
+                if outside.any():
+                    # Sampled, but outside the support the trainer's logits give: no weight.
+                    mb = replace(
+                        mb,
+                        weights=torch.where(outside, 0.0, mb.weights),
+                        rollout_mask=mb.rollout_mask & ~outside,
+                    )
+                    totals.outside += int(outside.sum())
+                reference = old[i][j]
+                old_lp = logprobs.detach() if reference is None else reference
+                objective = _objective(model, mb, logprobs, old_lp, loss, totals, ref_model)
             torch.autograd.backward(objective)
             tokens += mb.tokens
             loss_tokens += int(mb.targets.numel())

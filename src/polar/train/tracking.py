@@ -16,6 +16,7 @@ import orjson
 # The progress bar shows these, when the step has them.
 SHOWN = (
     ("reward/mean", "reward {:.3f}"),
+    ("groups/zero_advantage_fraction", "zero-adv {:.0%}"),
     ("clip_fraction", "clip {:.3f}"),
     ("mismatch/kl", "kl {:.1e}"),
     ("groups/stale_dropped_total", "stale {:.0f}"),

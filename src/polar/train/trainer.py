@@ -13,6 +13,15 @@ steps and while it pushes weights (the gateways hold new calls during a push
 and let the ones in flight finish on the old weights). A group is consumed
 when it finishes; if its oldest token was sampled more than ``max_staleness``
 policy versions before the current one, it is dropped and counted.
+
+Policy versions are truthful: a version names one set of weights. The
+trainer's version goes up with every step; the gateways serve it once its
+push lands. A push whose drain times out (calls still in flight after
+``drain_timeout_s``) is retried ``push_retries`` times, then skipped with a
+logged reason under ``on_push_failure: skip`` (``push/skipped_total``): the
+gateways keep serving the version they had, records keep naming it, its
+groups count as stale against the trainer's newer weights, and the same
+weights are pushed again before the next step's groups are taken.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from typing import Any
 
 import torch
 
+from polar.precision import load_master
 from polar.proxy.behaviour import SamplingPolicy
 from polar.rollout.client import RolloutClient
 from polar.tasks import load_tasks
@@ -40,16 +50,17 @@ from polar.train.batch import (
 from polar.train.checkpoint import (
     TrainState,
     list_checkpoints,
+    read_state,
     restore,
     save_checkpoint,
 )
-from polar.train.config import TrainConfig
+from polar.train.config import PushFailure, TrainConfig
 from polar.train.evaluation import evaluate
 from polar.train.feed import GroupRequest, RolloutFeed, task_order
 from polar.train.step import LossSettings, StepSettings, train_step
 from polar.train.tracking import MetricsLog
-from polar.train.weights import prune_weights, save_weights
-from polar.train.weightsync import PushReport, WeightSync
+from polar.train.weights import prune_weights, save_weights, weights_path
+from polar.train.weightsync import DrainTimeout, PushReport, WeightSync
 
 
 class TrainError(Exception):
@@ -63,8 +74,11 @@ class Hooks:
     on_step: Callable[[int, dict[str, float]], None] | None = None
     """After each step's metrics are logged: ``(step, metrics)``."""
     before_push: Callable[[int], None] | None = None
-    """Before the gateways pause to load ``version`` (the weights are on disk)."""
+    """Before the gateways pause to load ``version`` (the weights are on disk); once
+    per try of a step's weights: again, with the same version, when a skipped push
+    is tried before the next step (not for the push at start)."""
     after_push: Callable[[PushReport], None] | None = None
+    """After a push of a step's weights landed (a skipped one has no report)."""
     evaluate: Callable[[int, int], dict[str, float]] | None = None
     """``(step, policy_version) -> metrics``, called where the built-in
     evaluation runs (merged into its metrics, logged under the same step)."""
@@ -78,12 +92,12 @@ class TrainResult:
     checkpoint: Path | None
     history: list[dict[str, float]] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
+    note: str | None = None
+    """Set when the run did nothing, saying why (a resumed run already at ``steps``)."""
 
 
 def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
     # ---------------------------------------------------------------- set-up
-    from transformers import AutoModelForCausalLM
-
     torch.manual_seed(config.seed)
     if config.optim.threads:
         torch.set_num_threads(config.optim.threads)
@@ -94,6 +108,18 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
         _tasks(config.eval.tasks, config.eval.task_ids, "eval") if config.eval.tasks else []
     )
     resume_from = _resume_path(config)
+    if resume_from is not None and (done := read_state(resume_from)).step >= config.steps:
+        return TrainResult(
+            done.step,
+            done.policy_version,
+            out,
+            resume_from,
+            counters=done.counters,
+            note=(
+                f"nothing left to do: checkpoint {resume_from} is at step {done.step} and "
+                f"steps is {config.steps} (raise steps to train further)"
+            ),
+        )
     # Weight sync: every gateway answers, every engine can load weights (or we stop here).
     sync = WeightSync.from_settings(config.weight_sync)
     try:
@@ -101,16 +127,16 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
     except Exception:
         sync.close()
         raise
-    dtype = torch.float32 if config.optim.dtype == "float32" else torch.bfloat16
     source = resume_from / "model" if resume_from else config.model
     if not (source / "config.json").is_file():
         sync.close()
         raise TrainError(f"model: no Hugging Face model in {source}")
-    model: Any = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
+    # float32 master weights (and so AdamW state) whatever optim.dtype: see polar.precision
+    model: Any = load_master(source)
     model.train(False)
     reference: Any = None
     if config.grpo.kl_coef > 0:
-        reference = AutoModelForCausalLM.from_pretrained(str(config.model), dtype=dtype)
+        reference = load_master(config.model)
         reference.train(False)
         reference.requires_grad_(False)
     pad_id = _pad_id(model)
@@ -130,15 +156,16 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
     if resume_from is None:
         state.policy_version = max(versions)
     if config.weight_sync.sync_on_start:
-        sync.push(
-            save_weights(model, config.weights_dir, state.policy_version), state.policy_version
-        )
+        # pushed weights get a number no gateway has served (a version names one set of weights)
+        state.policy_version = max(state.policy_version, max(versions) + 1)
     elif set(versions) != {state.policy_version}:
         sync.close()
         raise TrainError(
             f"weight_sync: gateways are at policy versions {versions}, the trainer at "
             f"{state.policy_version}; set weight_sync.sync_on_start to push the trainer's weights"
         )
+    # What the gateways serve: the trainer's version, unless a push was skipped.
+    served = max(versions)
 
     def connect() -> RolloutClient:
         return RolloutClient(config.rollout.server_url, token=config.rollout.control_token)
@@ -180,6 +207,7 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
         max_grad_norm=config.optim.max_grad_norm,
         logprob_chunk=config.optim.logprob_chunk,
         pad_id=pad_id,
+        precision=config.optim.dtype,
     )
     eval_request = replace(
         request,
@@ -192,33 +220,40 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
         metrics: dict[str, float] = {}
         if eval_tasks:
             with connect() as client:
-                metrics |= evaluate(
-                    client, eval_tasks, eval_request, policy_version=state.policy_version
-                )
+                metrics |= evaluate(client, eval_tasks, eval_request, policy_version=served)
                 if config.eval.greedy:
                     greedy = replace(eval_request, sampling=SamplingPolicy(temperature=0.0))
                     metrics |= evaluate(
                         client,
                         eval_tasks,
                         greedy,
-                        policy_version=state.policy_version,
+                        policy_version=served,
                         prefix="eval_greedy",
                     )
         if hooks.evaluate is not None:
-            metrics |= hooks.evaluate(state.step, state.policy_version)
+            metrics |= hooks.evaluate(state.step, served)
         return metrics
 
     try:
-        feed.fill(state.policy_version)
+        if config.weight_sync.sync_on_start:
+            path = save_weights(model, config.weights_dir, state.policy_version)
+            pushed = _push(sync, path, state.policy_version, config, log)
+            served = pushed.version if pushed is not None else served
+        feed.fill(served)
         if state.step == 0 and (eval_tasks or hooks.evaluate):
-            log.write(0, state.policy_version, run_eval())
+            log.write(0, served, run_eval())
         while state.step < config.steps:
             # ---------------------------------------------------------- rollout
             started = time.monotonic()
             groups: list[Group] = []
             staleness: list[int] = []
             while len(groups) < config.rollout.groups_per_step:
-                feed.fill(state.policy_version)
+                if served != state.policy_version:
+                    # the last push was skipped: try again before waiting (with
+                    # max_staleness 0 no group could be fresh until one lands)
+                    pushed = _step_push(sync, state.policy_version, config, log, hooks, counters)
+                    served = pushed.version if pushed is not None else served
+                feed.fill(served)
                 group = group_from_result(feed.next())
                 _count(counters, "groups/seen_total")
                 _count(counters, "sessions/masked_total", group.masked)
@@ -237,7 +272,7 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                     continue
                 groups.append(group)
                 staleness.append(lag)
-            feed.fill(state.policy_version)  # the next groups generate while this one trains
+            feed.fill(served)  # the next groups generate while this one trains
             waited = time.monotonic() - started
 
             # ---------------------------------------------------------- advantages
@@ -261,6 +296,13 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                     + "); see rollout.sampling and engine.logprobs"
                 )
 
+            if advantages.zero_advantage_groups == len(groups):
+                _count(counters, "steps/nothing_to_learn_total")
+                log.note(
+                    f"step {state.step + 1}: nothing to learn from: every group's sessions have "
+                    f"equal rewards (zero advantage; rewards {_rewards_seen(groups)})"
+                )
+
             # ---------------------------------------------------------- loss and step
             step_metrics = train_step(
                 model,
@@ -275,15 +317,13 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
             state.step += 1
 
             # ---------------------------------------------------------- weight push
+            # A version names one set of weights: the trainer's are new whether or not
+            # the push lands (a skipped one is tried again before the next step's groups).
             state.policy_version += 1
-            path = save_weights(model, config.weights_dir, state.policy_version)
-            if hooks.before_push is not None:
-                hooks.before_push(state.policy_version)
-            push = sync.push(path, state.policy_version)
+            save_weights(model, config.weights_dir, state.policy_version)
+            push = _step_push(sync, state.policy_version, config, log, hooks, counters)
+            served = push.version if push is not None else served
             prune_weights(config.weights_dir, config.weight_sync.keep)
-            _count(counters, "push/drained_calls_total", push.drained_calls)
-            if hooks.after_push is not None:
-                hooks.after_push(push)
 
             # ---------------------------------------------------------- log
             rewards = [r for g in groups for r in g.rewards]
@@ -293,12 +333,13 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                 "reward/std": math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)),
                 "groups/trained": float(len(groups)),
                 "groups/zero_advantage_fraction": advantages.zero_advantage_groups / len(groups),
+                "groups/nothing_to_learn": float(advantages.zero_advantage_groups == len(groups)),
                 "tokens/unreproducible": float(sum(left_out.values())),
                 "staleness/mean": sum(staleness) / len(staleness),
                 "staleness/max": float(max(staleness)),
-                "push/drained_calls": float(push.drained_calls),
-                "push/held_calls": float(push.held_calls),
-                "push/seconds": push.total_s,
+                "push/skipped": float(push is None),
+                "push/served_version": float(served),
+                **_push_metrics(push),
                 "time/waiting_for_groups_s": waited,
                 "lr": float(scheduler.get_last_lr()[0]),
                 **step_metrics,
@@ -327,7 +368,7 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
             every = config.eval.every
             last = state.step == config.steps
             if (eval_tasks or hooks.evaluate) and ((every and state.step % every == 0) or last):
-                log.write(state.step, state.policy_version, run_eval())
+                log.write(state.step, served, run_eval())
     finally:
         feed.close()
         sync.close()
@@ -338,6 +379,63 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _push(
+    sync: WeightSync, path: Path, version: int, config: TrainConfig, log: MetricsLog
+) -> PushReport | None:
+    """The weights in ``path`` into every engine as ``version``; None when the push
+    was skipped (its drain timed out on every try and ``on_push_failure`` is
+    ``skip``): the gateways then still serve the version they had."""
+    try:
+        return sync.push(path, version, on_retry=log.note)
+    except DrainTimeout as exc:
+        if config.weight_sync.on_push_failure is PushFailure.STOP:
+            raise
+        log.note(
+            f"weight push v{version} skipped: {exc}. The gateways keep serving the version "
+            "they had; these weights are pushed again before the next step"
+        )
+        return None
+
+
+def _step_push(
+    sync: WeightSync,
+    version: int,
+    config: TrainConfig,
+    log: MetricsLog,
+    hooks: Hooks,
+    counters: dict[str, float],
+) -> PushReport | None:
+    """Push the trainer's weights, already saved as ``version``, with the hooks
+    around it; counts what it did."""
+    if hooks.before_push is not None:
+        hooks.before_push(version)
+    push = _push(sync, weights_path(config.weights_dir, version), version, config, log)
+    if push is None:
+        _count(counters, "push/skipped_total")
+        return None
+    _count(counters, "push/drained_calls_total", push.drained_calls)
+    if hooks.after_push is not None:
+        hooks.after_push(push)
+    return push
+
+
+def _rewards_seen(groups: list[Group]) -> str:
+    values = sorted({r for g in groups for r in g.rewards})
+    shown = ", ".join(f"{v:g}" for v in values[:5])
+    return shown + (", ..." if len(values) > 5 else "")
+
+
+def _push_metrics(push: PushReport | None) -> dict[str, float]:
+    if push is None:
+        return {}
+    return {
+        "push/drained_calls": float(push.drained_calls),
+        "push/held_calls": float(push.held_calls),
+        "push/seconds": push.total_s,
+        "push/tries": float(push.tries),
+    }
 
 
 def _tasks(source: str, ids: list[str] | None, section: str) -> list[Task]:

@@ -5,22 +5,26 @@ One push, whatever the engines:
 1. **pause** every gateway (``POST /admin/pause``): new calls wait at the
    gateway's gate; calls already in flight run to the end on the old weights
    (the gateway reports how many: ``drained_calls``). A gateway that does not
-   drain within ``drain_timeout_s`` fails the push: gateways are resumed on the
-   old version, nothing is loaded, and no call was cut short.
+   drain within ``drain_timeout_s`` fails the try: gateways are resumed on the
+   old version, nothing is loaded, and no call was cut short. The push tries
+   again up to ``retries`` times, waiting ``backoff_s`` before the first retry
+   and twice as long before each next one; after the last it raises
+   :class:`DrainTimeout`, which leaves everything as it was (the caller may
+   skip the push: the gateways still serve the old version, truthfully).
 2. **load** the new weights into every engine (:mod:`polar.train.reload`).
 3. **resume** every gateway with the new ``policy_version``: the waiting calls
    run on the new weights, and every record admitted from then on carries it.
 
 If a load fails the gateways resume on the *old* version and the error is
-raised (with several engines, the ones that already loaded now disagree with
-the rest; the message names them).
+raised at once, never retried (with several engines, the ones that already
+loaded now disagree with the rest; the message names them).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,11 @@ import httpx
 
 from polar.train.config import GatewayTarget, WeightSyncSettings
 from polar.train.reload import EngineReload, WeightSyncError, engine_reload
+
+
+class DrainTimeout(WeightSyncError):
+    """Calls were still in flight after ``drain_timeout_s``, on every try: nothing
+    was loaded and every gateway resumed on the version it had."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +132,9 @@ class PushReport:
     drain_s: float
     load_s: float
     total_s: float
+    """From the first try's pause to the resume (retries and their waits included)."""
+    tries: int = 1
+    """Pauses it took: 1, plus one per drain that timed out."""
 
 
 class WeightSync:
@@ -132,10 +144,14 @@ class WeightSync:
         engines: Sequence[EngineReload],
         *,
         drain_timeout_s: float,
+        retries: int = 0,
+        backoff_s: float = 0.0,
     ) -> None:
         self.gateways = list(gateways)
         self.engines = list(engines)
         self.drain_timeout_s = drain_timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
 
     @classmethod
     def from_settings(cls, settings: WeightSyncSettings) -> WeightSync:
@@ -143,6 +159,8 @@ class WeightSync:
             [GatewayAdmin(g) for g in settings.gateways],
             [engine_reload(e, timeout_s=settings.request_timeout_s) for e in settings.engines],
             drain_timeout_s=settings.drain_timeout_s,
+            retries=settings.push_retries,
+            backoff_s=settings.retry_backoff_s,
         )
 
     def close(self) -> None:
@@ -159,8 +177,28 @@ class WeightSync:
             engine.check()
         return versions
 
-    def push(self, path: Path, version: int) -> PushReport:
+    def push(
+        self, path: Path, version: int, *, on_retry: Callable[[str], None] | None = None
+    ) -> PushReport:
+        """Load ``path`` as ``version`` (see the module docstring); ``on_retry`` is
+        told, in one line, why each retry happens."""
         start = time.monotonic()
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return replace(self._try(path, version, start), tries=tries)
+            except DrainTimeout as exc:
+                if tries > self.retries:
+                    raise DrainTimeout(
+                        f"{exc} ({tries} {'try' if tries == 1 else 'tries'})"
+                    ) from None
+                wait = self.backoff_s * 2 ** (tries - 1)
+                if on_retry is not None:
+                    on_retry(f"weight push v{version}: {exc}; retrying in {wait:g}s")
+                time.sleep(wait)
+
+    def _try(self, path: Path, version: int, start: float) -> PushReport:
         paused: list[GatewayAdmin] = []
         drained_calls = 0
         loaded: list[str] = []
@@ -170,7 +208,7 @@ class WeightSync:
                 drain = gateway.pause(self.drain_timeout_s)
                 drained_calls += drain.drained_calls
                 if not drain.drained:
-                    raise WeightSyncError(
+                    raise DrainTimeout(
                         f"gateway at {gateway.url}: calls still in flight after "
                         f"{drain.waited_s:g}s; weights not pushed (no call was aborted)"
                     )

@@ -1,0 +1,93 @@
+"""The reference trainer's step (``polar.train.step.train_step``) under each
+precision: float32 master weights and optimizer state, the forward pass in
+bfloat16 when asked (:mod:`polar.precision`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from polar.precision import Precision, load_master
+from polar.train.batch import Row, advantages_of, group_from_result, rows_of
+from polar.train.grpo import Aggregation, Baseline, MissingLogprob
+from polar.train.logprobs import sequence_logprobs
+from polar.train.step import LossSettings, StepSettings, train_step
+
+from support.training import sample, session_result, task_result
+from support.weights import GradientWatch
+
+PROMPT = "<|im_start|>user\nRename the function a to alpha.<|im_end|>\n<|im_start|>assistant\n"
+EPS = 1e-8
+"""AdamW's default ``eps``: smaller gradients are damped by Adam's design (see GradientWatch)."""
+ANSWERS = ("I renamed a to alpha in main.py.<|im_end|>", "Done.<|im_end|>")
+
+
+def on_policy_rows(model: Any, tokenizer: Any) -> list[Row]:
+    """One group of two sessions (rewards 1 and 0) whose recorded logprobs are the
+    model's own in float32, as the engine serving these weights reports them."""
+    prompt = list(tokenizer.encode(PROMPT, add_special_tokens=False))
+    sessions = []
+    for i, answer in enumerate(ANSWERS):
+        response = list(tokenizer.encode(answer, add_special_tokens=False))
+        logprobs = sequence_logprobs(model, prompt + response, len(prompt))
+        sessions.append(
+            session_result(
+                f"s{i}",
+                1.0 - i,
+                [sample(f"s{i}", prompt, response, logprobs=logprobs)],
+                index=i,
+            )
+        )
+    group = group_from_result(task_result(sessions))
+    advantages = advantages_of([group], baseline=Baseline.MEAN, scale_by_std=False)
+    return rows_of(
+        [group],
+        advantages,
+        aggregation=Aggregation.TOKEN_MEAN,
+        missing_logprob=MissingLogprob.TRUST,
+    )
+
+
+def one_step(
+    model: Any, rows: list[Row], precision: Precision
+) -> tuple[dict[str, float], torch.optim.Optimizer]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, eps=EPS, weight_decay=0.0)
+    metrics = train_step(
+        model,
+        optimizer,
+        rows,
+        loss=LossSettings(),
+        settings=StepSettings(pad_id=int(model.config.eos_token_id), precision=precision),
+        policy_version=0,
+    )
+    return metrics, optimizer
+
+
+def test_a_bfloat16_step_at_lr_1e_5_changes_every_weight_that_received_a_gradient(
+    tiny_model: Path, tokenizer: Any
+) -> None:
+    model = load_master(tiny_model)
+    rows = on_policy_rows(model, tokenizer)
+    watch = GradientWatch(model, floor=EPS)
+    metrics, optimizer = one_step(model, rows, Precision.BFLOAT16)
+    watch.close()
+
+    assert metrics["trainer/grad_norm"] > 0
+    assert watch.compute_dtypes == {torch.bfloat16}, "the forward pass ran in bfloat16"
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    for state in optimizer.state.values():
+        assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float32
+    # the step's own logprobs (bfloat16) against the recorded float32 ones: close, not equal
+    assert 0 < metrics["mismatch/mean_abs"] < 0.1
+    changed = watch.changed_where_received(model)
+    assert changed == 1.0, f"{changed:.1%} of the weights that received a gradient changed"
+
+    # Weights kept in bfloat16 (what optim.dtype bfloat16 loaded before) lose most
+    # of these updates: the same step leaves many of them as they were.
+    pure = load_master(tiny_model).to(torch.bfloat16)
+    watch = GradientWatch(pure, floor=EPS)
+    one_step(pure, rows, Precision.FLOAT32)
+    watch.close()
+    assert watch.changed_where_received(pure) < 0.5
