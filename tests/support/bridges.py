@@ -25,6 +25,7 @@ from typing import Any
 
 from polar.bridges.config import BridgeConfig
 from polar.ir import CompletionRecord, RecordStatus
+from polar.ir.behaviour import MODEL
 from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.proxy.store import SqliteStore
 from polar.rollout.client import RolloutClient
@@ -257,6 +258,7 @@ def session_missing_a_logprob(session_id: str = "s-missing") -> SessionResult:
         turn_offsets=(TurnSpan("r1", 0, 0, 2), TurnSpan("r2", 2, 3, 5)),
         truncated_turns=0,
         malformed_tool_calls=0,
+        sampling=MODEL,
     )
     return SessionResult(
         session_id=session_id,

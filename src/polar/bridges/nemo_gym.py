@@ -61,6 +61,7 @@ from polar.bridges.rollouts import (
     PolarRollouts,
     SessionSample,
     group_sessions,
+    logprob_loss_mask,
     missing_logprobs,
 )
 from polar.configfile import ConfigError, describe_error
@@ -152,9 +153,12 @@ def response_status(session: SessionSample) -> str:
 
 
 def _logprob_runs(trace: Sample, start: int, end: int) -> list[tuple[int, int]]:
-    """The maximal ``[a, b)`` within ``[start, end)`` whose tokens all have a logprob."""
+    """The maximal ``[a, b)`` within ``[start, end)`` whose tokens are all trained
+    and have a logprob (a token under loss mask 0, say one whose distribution the
+    trainer cannot reproduce, goes to the next item's prompt like a missing one)."""
+    trained = logprob_loss_mask(trace)
     runs = []
-    for has, group in groupby(range(start, end), key=lambda i: bool(trace.logprob_mask[i])):
+    for has, group in groupby(range(start, end), key=lambda i: bool(trained[i])):
         if has:
             positions = list(group)
             runs.append((positions[0], positions[-1] + 1))
