@@ -3,7 +3,10 @@ were drawn from: as the trainer computed them before sampling behaviour was
 recorded (temperature 1, the whole vocabulary), and as it computes them now
 (each token under the settings the record says it was drawn with).
 
-    .venv/bin/python benchmarks/on_policy.py [--harness codex] [--harness claude_code]
+    .venv/bin/python benchmarks/on_policy.py [--harness codex] [--harness mini_swe_agent]
+
+(CLIs that ask for a large output limit, Claude Code's 32k, sample for minutes
+on this model's noise: leave them out here.)
 
 Real parts: the pinned agent CLI (``scripts/setup --harnesses``) runs headless
 against a gateway in token-in/token-out mode, which serves it from the embedded
@@ -57,8 +60,13 @@ ADMIN = "benchmark-admin-token-0123456789"
 INSTRUCTION = "Create a file named hello.txt that contains the word hello."
 
 
-def qwen3_model(root: Path) -> Path:
-    model = build_tiny_model(root / "tiny-qwen3")
+def qwen3_model(root: Path, base: Path | None) -> Path:
+    """``base`` (default: the tiny model), shipping Qwen3's sampling defaults."""
+    model = root / "model"
+    if base is None:
+        build_tiny_model(model)
+    else:
+        shutil.copytree(base, model)
     config = GenerationConfig.from_pretrained(str(model))
     config.do_sample = True
     config.temperature, config.top_p, config.top_k = 0.6, 0.95, 20
@@ -66,7 +74,9 @@ def qwen3_model(root: Path) -> Path:
     return model
 
 
-def run(name: str, model: Path, root: Path, max_tokens: int, cache: Path) -> tuple[Mismatch, ...]:
+def run(
+    name: str, model: Path, root: Path, max_tokens: int, cache: Path
+) -> tuple[Mismatch, Mismatch] | None:
     runner = ModelRunner(model, max_batch=2)
     try:
         with ServerThread(create_engine_app(runner, served_name="tiny")) as engine:
@@ -109,6 +119,9 @@ def run(name: str, model: Path, root: Path, max_tokens: int, cache: Path) -> tup
         records = store.records(created["session_id"])
     finally:
         store.close()
+    if not records:
+        print(f"{name}: exit {ran.result.exit_code}, no call reached the engine")
+        return None
     tokenizer = load_tokenizer(model)
     trajectory = PrefixMerge(BuildConfig(turns=TurnFormat.from_tokenizer(tokenizer))).build(records)
     samples = samples_of(trajectory.with_reward(1.0))
@@ -121,8 +134,14 @@ def run(name: str, model: Path, root: Path, max_tokens: int, cache: Path) -> tup
     group = Group("t", "t", "g", (ScoredSession("s", 1.0, tuple(samples)),))
     advantages = advantages_of([group], baseline=Baseline.MEAN, scale_by_std=False)
     rows = rows_of(
-        [group], advantages, aggregation=Aggregation.TOKEN_MEAN, missing_logprob=MissingLogprob.TRUST
+        [group],
+        advantages,
+        aggregation=Aggregation.TOKEN_MEAN,
+        missing_logprob=MissingLogprob.TRUST,
     )
+    if not rows:
+        print(f"{name}: no trained tokens in the session (nothing to compare)")
+        return None
     policy = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
     policy.train(False)
     (mb,) = microbatches(rows, max_tokens=1 << 22, pad_id=0)
@@ -144,21 +163,28 @@ def main() -> None:
     parser.add_argument("--harness", action="append", help="an installed pinned CLI (repeat)")
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens sampled per call")
     parser.add_argument("--cache", type=Path, default=Path(".cache/harness"))
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="a model directory to serve (copied, given Qwen3's defaults; default: the tiny one)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    names = args.harness or ["codex", "claude_code"]
+    names = args.harness or ["codex", "mini_swe_agent"]
     root = Path(tempfile.mkdtemp(prefix="polar-on-policy-"))
     try:
-        model = qwen3_model(root)
+        model = qwen3_model(root, args.model)
         rows = []
         for name in names:
-            before, now = run(name, model, root / name, args.max_tokens, args.cache)
-            rows.append((name, "before", before))
-            rows.append((name, "now", now))
-        print(f"\n{'CLI':<12} {'trainer':<8} {'tokens':>7} {'mean |d|':>10} {'max |d|':>10} {'KL':>10}")
+            gaps = run(name, model, root / name, args.max_tokens, args.cache)
+            if gaps is not None:
+                rows.append((name, "before", gaps[0]))
+                rows.append((name, "now", gaps[1]))
+        head = f"{'CLI':<15} {'trainer':<8} {'tokens':>7} {'mean |d|':>10} {'max |d|':>10}"
+        print(f"\n{head} {'KL':>10}")
         for name, label, gap in rows:
             print(
-                f"{name:<12} {label:<8} {gap.tokens:>7} {gap.mean_abs:>10.3g} "
+                f"{name:<15} {label:<8} {gap.tokens:>7} {gap.mean_abs:>10.3g} "
                 f"{gap.max_abs:>10.3g} {gap.kl:>10.3g}"
             )
     finally:
