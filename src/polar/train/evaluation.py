@@ -10,7 +10,7 @@ are not counted; replaced sessions are not counted either (their resample is).""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from polar.rollout.client import RolloutClient
 from polar.rollout.failure import SessionUse, outcome_reward, session_use
@@ -26,11 +26,13 @@ def evaluate(
     *,
     policy_version: int,
     prefix: str = "eval",
+    on_result: Callable[[TaskResult], None] | None = None,
 ) -> dict[str, float]:
-    """``<prefix>/reward_mean`` and ``<prefix>/solved_fraction`` over every counted
+    """``<prefix>/reward_mean`` and ``<prefix>/hitsfraction`` over every counted
     session of every task (scored, or failed by the agent: 0.0, unsolved);
     ``<prefix>/counted``, ``<prefix>/agent_failed``, ``<prefix>/masked`` (not
-    counted) and ``<prefix>/sessions``; ``prefix`` is ``eval`` (``eval_greedy``...)."""
+    counted) and ``<prefix>/sessions``; ``prefix`` is ``eval`` (``eval_greedy``...).
+    ``on_result`` sees each task's result as it is read (progress)."""
     views = [
         client.submit(
             TaskSubmission(
@@ -47,14 +49,18 @@ def evaluate(
         )
         for task in tasks
     ]
-    results: list[TaskResult] = [client.wait(v.task_id, request.wait_s) for v in views]
+    results: list[TaskResult] = []
+    for view in views:
+        results.append(client.wait(view.task_id, request.wait_s))
+        if on_result is not None:
+            on_result(results[-1])
     sessions = [r for t in results for r in t.current]
     counted = [(r, reward) for r in sessions if (reward := outcome_reward(r)) is not None]
     rewards = [reward for _, reward in counted]
-    solved = [_solved(r) for r, _ in counted]
+    hits = [solved(r) for r, _ in counted]
     return {
         f"{prefix}/reward_mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
-        f"{prefix}/solved_fraction": sum(solved) / len(solved) if solved else 0.0,
+        f"{prefix}/hitsfraction": sum(hits) / len(hits) if hits else 0.0,
         f"{prefix}/counted": float(len(counted)),
         f"{prefix}/agent_failed": float(sum(session_use(r) is SessionUse.FAILED for r in sessions)),
         f"{prefix}/masked": float(len(sessions) - len(counted)),
@@ -62,6 +68,6 @@ def evaluate(
     }
 
 
-def _solved(result: SessionResult) -> bool:
+def solved(result: SessionResult) -> bool:
     """Solved: scored and resolved (an agent's failure never is)."""
     return session_use(result) is SessionUse.SCORED and bool(result.resolved)

@@ -82,6 +82,8 @@ class Hooks:
     evaluate: Callable[[int, int], dict[str, float]] | None = None
     """``(step, policy_version) -> metrics``, called where the built-in
     evaluation runs (merged into its metrics, logged under the same step)."""
+    on_group: Callable[[int, Group], None] | None = None
+    """When a finished group is taken for step ``step`` (not the stale or empty ones)."""
 
 
 @dataclass(slots=True)
@@ -271,6 +273,8 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                     _count(counters, "groups/empty_total")
                     continue
                 groups.append(group)
+                if hooks.on_group is not None:
+                    hooks.on_group(state.step + 1, group)
                 staleness.append(lag)
             feed.fill(served)  # the next groups generate while this one trains
             waited = time.monotonic() - started
