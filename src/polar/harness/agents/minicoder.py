@@ -45,6 +45,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +53,16 @@ SYSTEM = (
     "You are a Python programmer. Answer with the complete code in one ```python code block "
     "and nothing else. Use exactly the function name and parameters you are asked for."
 )
-EXIT_DONE = 0
-EXIT_CONFIG = 2
-EXIT_MODEL = 3
-EXIT_WORKSPACE = 4
+
+
+class Exit(IntEnum):
+    """The program's exit status (see the module docstring)."""
+
+    DONE = 0
+    CONFIG = 2
+    MODEL = 3
+    WORKSPACE = 4
+
 
 NO_CODE = (
     "Your reply has no ```python code block. "
@@ -75,7 +82,7 @@ _FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+.-]*)")
 class Stop(Exception):
     """Ends the run with an exit status and a one-line reason."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: Exit, reason: str) -> None:
         super().__init__(reason)
         self.status = status
 
@@ -90,15 +97,23 @@ class CallFailed(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Config:
+    """The program's settings (its JSON file), the preset's options."""
+
     max_turns: int = 3
+    """Model calls at most."""
     file: str = "solution.py"
+    """Where the code goes, relative to the working directory."""
     check: str = "python examples.py"
+    """The command that says whether the code is right (exit 0); empty: none."""
     check_timeout_s: float = 10.0
     max_tokens: int = 256
+    """Per reply."""
     temperature: float | None = None
+    """None: the engine's default."""
     system: str = SYSTEM
     call_timeout_s: float = 300.0
     attempts: int = 3
+    """Tries per model call (connection errors, 429 and 5xx are tried again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +160,7 @@ class Model:
             if not environ.get(name)
         ]
         if missing:
-            raise Stop(EXIT_CONFIG, f"missing environment variables {', '.join(missing)}")
+            raise Stop(Exit.CONFIG, f"missing environment variables {', '.join(missing)}")
         self.url = environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions"
         self.key = environ["OPENAI_API_KEY"]
         self.model = environ["OPENAI_MODEL"]
@@ -171,7 +186,7 @@ class Model:
                 if not failure.retry or attempt >= self.config.attempts:
                     tries = f" ({attempt} tries)" if attempt > 1 else ""
                     raise Stop(
-                        EXIT_MODEL, f"model call {self.calls} failed{tries}: {failure}"
+                        Exit.MODEL, f"model call {self.calls} failed{tries}: {failure}"
                     ) from None
             time.sleep(min(2.0 ** (attempt - 1), 8.0))
             attempt += 1
@@ -217,7 +232,7 @@ def run_check(config: Config, workdir: Path, environ: dict[str, str]) -> Checked
             start_new_session=True,
         )
     except OSError as exc:
-        raise Stop(EXIT_WORKSPACE, f"cannot run the check {config.check!r}: {exc}") from None
+        raise Stop(Exit.WORKSPACE, f"cannot run the check {config.check!r}: {exc}") from None
     try:
         output, _ = process.communicate(timeout=config.check_timeout_s)
     except subprocess.TimeoutExpired:
@@ -246,7 +261,7 @@ def run(config: Config, instruction: str, workdir: Path, environ: dict[str, str]
             try:
                 (workdir / config.file).write_text(code, encoding="utf-8")
             except OSError as exc:
-                raise Stop(EXIT_WORKSPACE, f"cannot write {config.file}: {exc}") from None
+                raise Stop(Exit.WORKSPACE, f"cannot write {config.file}: {exc}") from None
             wrote = f"wrote {config.file} ({len(code.splitlines())} lines)"
             if not shlex.split(config.check):
                 print(f"turn {turn}: {wrote}", flush=True)
@@ -276,13 +291,13 @@ def main(argv: list[str] | None = None) -> int:
             settings = json.loads(args.config.read_text(encoding="utf-8"))
             config = Config(**settings)
         except (OSError, ValueError, TypeError) as exc:
-            raise Stop(EXIT_CONFIG, f"cannot read the config {args.config}: {exc}") from None
+            raise Stop(Exit.CONFIG, f"cannot read the config {args.config}: {exc}") from None
         ended = run(config, args.instruction, Path.cwd(), dict(os.environ))
     except Stop as stop:
         print(f"minicoder: {stop}", file=sys.stderr, flush=True)
         return stop.status
     print(f"minicoder: {ended}", file=sys.stderr, flush=True)
-    return EXIT_DONE
+    return Exit.DONE
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ SEED = 31
 VISIBLE = 3
 HIDDEN = 9
 """Hidden cases beyond the visible ones (fewer when a template has fewer inputs)."""
+MIN_CASES = 10
+"""Distinct inputs a task needs at least (visible and hidden together)."""
 FILE = "solution.py"
 
 
@@ -127,6 +129,8 @@ def _task(template: Template, params: Params, kind: Kind, seed: int) -> FuncTask
             failing.append(case)
     if not failing:
         raise GenerationError(f"{identifier}: the wrong body passes every input")
+    if len(cases) < MIN_CASES:
+        raise GenerationError(f"{identifier}: {len(cases)} distinct inputs, fewer than {MIN_CASES}")
     visible = _visible(rng, cases, failing[0])
     hidden = (*visible, *[case for case in cases if case not in visible][:HIDDEN])
     split = Split.HELDOUT if template.heldout.holds(params) else Split.TRAIN

@@ -79,7 +79,8 @@ def grid(**ranges: Sequence[int]) -> tuple[Params, ...]:
 
 
 def ints(rng: Random, lo: int = -40, hi: int = 40, edges: Sequence[int] = (0, 1, -1)) -> list[Args]:
-    return [(value,) for value in (*edges, *(rng.randint(lo, hi) for _ in range(14)))]
+    drawn = rng.sample(range(lo, hi + 1), min(14, hi + 1 - lo))
+    return [(value,) for value in (*edges, *drawn)]
 
 
 def int_lists(rng: Random, lo: int = -9, hi: int = 20, edges: Sequence[Any] = ()) -> list[Args]:
@@ -113,6 +114,7 @@ MARKS = ("*", "_", "#", "?", "-", ".", "!", "0")
 OPERATIONS = (("+", "with {k} added to each item"), ("*", "with each item multiplied by {k}"),
               ("-", "with {k} subtracted from each item"))  # fmt: skip
 RUNNING = (("sum", "total"), ("max", "largest item"), ("min", "smallest item"))
+SUFFIXES = ("!", "ing", " world", "?", ".txt", "_1", "s", "-end")
 
 
 # ---------------------------------------------------------------- templates
@@ -137,6 +139,65 @@ def _sentences(rng: Random, params: Params) -> list[Args]:
 
 
 TEMPLATES: tuple[Template, ...] = (
+    Template(
+        name="add",
+        args="x",
+        names=("add", "increase", "plus", "bump"),
+        describe=lambda p: f"returns x plus {p['k']}",
+        body=lambda p: f"return x + {p['k']}",
+        wrong=lambda p: f"return x + {p['k'] - 1}",
+        inputs=lambda rng, p: ints(rng),
+        grid=grid(k=range(1, 21)),
+        heldout=HeldOut("k", 16),
+    ),
+    Template(
+        name="greater-than",
+        args="x",
+        names=("greater_than", "is_big", "above_limit", "exceeds"),
+        describe=lambda p: f"returns True if x is greater than {p['k']}, else False",
+        body=lambda p: f"return x > {p['k']}",
+        wrong=lambda p: f"return x >= {p['k']}",
+        inputs=lambda rng, p: ints(rng, lo=-5, hi=20, edges=(p["k"], p["k"] + 1)),
+        grid=grid(k=range(10)),
+        heldout=HeldOut("k", 8),
+        fixable=True,
+    ),
+    Template(
+        name="add-suffix",
+        args="s",
+        names=("add_suffix", "append", "extend_text", "finish"),
+        describe=lambda p: f"returns s followed by {SUFFIXES[p['w']]!r}",
+        body=lambda p: f"return s + {SUFFIXES[p['w']]!r}",
+        wrong=lambda p: f"return {SUFFIXES[p['w']]!r} + s",
+        inputs=lambda rng, p: texts(rng),
+        grid=grid(w=range(len(SUFFIXES))),
+        heldout=HeldOut("w", 6),
+    ),
+    Template(
+        name="first-items",
+        args="xs",
+        names=("first_items", "head", "take", "leading"),
+        describe=lambda p: (
+            f"returns a list of the first {p['k']} items of xs (all of them if xs is shorter)"
+        ),
+        body=lambda p: f"return xs[:{p['k']}]",
+        wrong=lambda p: f"return xs[:{p['k'] - 1}]",
+        inputs=lambda rng, p: int_lists(rng, edges=(list(range(p["k"] + 2)),)),
+        grid=grid(k=range(1, 9)),
+        heldout=HeldOut("k", 7),
+        fixable=True,
+    ),
+    Template(
+        name="max-plus",
+        args="xs",
+        names=("max_plus", "top_bonus", "best_plus"),
+        describe=lambda p: f"returns the largest item of xs plus {p['k']} (xs is never empty)",
+        body=lambda p: f"return max(xs) + {p['k']}",
+        wrong=lambda p: f"return xs[-1] + {p['k']}",
+        inputs=lambda rng, p: [args for args in int_lists(rng, edges=([5, 1],)) if args[0]],
+        grid=grid(k=range(1, 11)),
+        heldout=HeldOut("k", 8),
+    ),
     Template(
         name="affine",
         args="x",
@@ -196,7 +257,7 @@ TEMPLATES: tuple[Template, ...] = (
         describe=lambda p: f"returns 1**{p['p']} + 2**{p['p']} + ... + n**{p['p']} (0 when n is 0)",
         body=lambda p: f"return sum(i ** {p['p']} for i in range(1, n + 1))",
         wrong=lambda p: f"return sum(i ** {p['p']} for i in range(n))",
-        inputs=lambda rng, p: ints(rng, lo=2, hi=12, edges=(0, 1, 2)),
+        inputs=lambda rng, p: ints(rng, lo=2, hi=15, edges=(0, 1)),
         grid=grid(p=range(1, 5)),
         heldout=HeldOut("p", 4),
     ),
@@ -373,6 +434,17 @@ TEMPLATES: tuple[Template, ...] = (
         fixable=True,
     ),
     # Templates never trained on.
+    Template(
+        name="count-greater",
+        args="xs",
+        names=("count_greater", "how_many_above", "count_big"),
+        describe=lambda p: f"returns how many items of xs are greater than {p['k']}",
+        body=lambda p: f"return len([x for x in xs if x > {p['k']}])",
+        wrong=lambda p: f"return len([x for x in xs if x >= {p['k']}])",
+        inputs=lambda rng, p: int_lists(rng, edges=([p["k"]], [p["k"], p["k"] + 1])),
+        grid=grid(k=range(6)),
+        heldout=HELD_OUT_TEMPLATE,
+    ),
     Template(
         name="running",
         args="xs",
