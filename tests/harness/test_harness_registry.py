@@ -59,6 +59,7 @@ def test_presets_are_found_by_name() -> None:
     assert load_harness("codex") == Codex()
     assert set(PRESETS) == {
         "codex", "claude_code", "qwen_code", "pi", "opencode", "mini_swe_agent", "shell",
+        "minicoder",
     }  # fmt: skip
 
 

@@ -24,10 +24,11 @@ PRESETS: Mapping[str, str] = {
     "opencode": "polar.harness.presets.opencode:OpenCode",
     "mini_swe_agent": "polar.harness.presets.mini_swe_agent:MiniSweAgent",
     "shell": "polar.harness.presets.shell:Shell",
+    "minicoder": "polar.harness.presets.minicoder:Minicoder",
 }
 """Built-in presets: name -> dotted path of the factory."""
 
-INSTALLABLE: tuple[str, ...] = tuple(name for name in PRESETS if name != "shell")
+INSTALLABLE: tuple[str, ...] = tuple(name for name in PRESETS if name not in ("shell", "minicoder"))
 """Presets with a package to install (what ``polar harness install all`` installs)."""
 
 

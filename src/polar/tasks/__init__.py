@@ -3,7 +3,8 @@
 :mod:`polar.tasks.model` defines :class:`Task`; :mod:`polar.tasks.load` reads
 task files, SWE-bench instances and Harbor task directories;
 :mod:`polar.tasks.workspace` prepares a session's workspace;
-:mod:`polar.tasks.builtin` is a small suite of self-contained coding tasks.
+:mod:`polar.tasks.builtin` is a small suite of self-contained coding tasks;
+:mod:`polar.tasks.pyfuncs` generates one-function tasks for small models.
 """
 
 from polar.tasks.builtin import builtin_task, builtin_tasks, solution_patch, wrong_patch

@@ -3,8 +3,10 @@
 ``load_tasks`` takes a ``.jsonl`` / ``.json`` / ``.yaml`` / ``.yml`` /
 ``.parquet`` file of task rows (SWE-bench instance rows, recognised by
 ``instance_id`` and ``FAIL_TO_PASS``, may be mixed in), a Harbor task
-directory or a directory of them, or ``"builtin"``. Either every task loads or
-a :class:`TaskLoadError` names the first bad one; nothing is half-loaded.
+directory or a directory of them, or a named source: ``"builtin"``, or the
+generated ``"pyfuncs:train"`` / ``"pyfuncs:heldout"`` (:mod:`polar.tasks.pyfuncs`).
+Either every task loads or a :class:`TaskLoadError` names the first bad one;
+nothing is half-loaded.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from polar.tasks.errors import TaskLoadError
 from polar.tasks.harbor import is_harbor_task, load_harbor, load_harbor_tasks
 from polar.tasks.model import Task
 from polar.tasks.parse import check_unique, parse_task
+from polar.tasks.pyfuncs import SOURCES as PYFUNCS_SOURCES
+from polar.tasks.pyfuncs import pyfuncs_tasks
 from polar.tasks.sources import read_rows
 from polar.tasks.swebench import is_swebench_row, load_swebench, swebench_task
 
@@ -25,7 +29,13 @@ __all__ = ["load_harbor", "load_swebench", "load_tasks"]
 def load_tasks(source: str | Path) -> list[Task]:
     if source == SUITE_NAME:
         return builtin_tasks()
+    if isinstance(source, str) and source in PYFUNCS_SOURCES:
+        return pyfuncs_tasks(PYFUNCS_SOURCES[source])
     path = Path(source)
+    if not path.exists() and str(source).startswith("pyfuncs"):
+        raise TaskLoadError(
+            f"{source}: no such task source (use {' or '.join(map(repr, PYFUNCS_SOURCES))})"
+        )
     if not path.exists():
         raise TaskLoadError(f"{path}: no such file or directory")
     if path.is_dir():

@@ -45,7 +45,8 @@ def read_rows(path: Path) -> list[Row]:
     else:
         raise TaskLoadError(
             f"{path}: unsupported task file type {suffix or '(none)'!r} "
-            f"(use {', '.join(SUFFIXES)}, a Harbor task directory, or 'builtin')"
+            f"(use {', '.join(SUFFIXES)}, a Harbor task directory, 'builtin', "
+            "'pyfuncs:train' or 'pyfuncs:heldout')"
         )
     if not rows:
         raise TaskLoadError(f"{path}: no tasks in the file")
