@@ -15,6 +15,7 @@ from starlette.routing import BaseRoute, Route
 from polar.proxy import admin
 from polar.proxy.asgi import Router
 from polar.proxy.dialects.anthropic_messages import routes as anthropic_messages
+from polar.proxy.dialects.gemini import routes as gemini
 from polar.proxy.dialects.openai_chat import routes as openai_chat
 from polar.proxy.dialects.openai_responses import routes as openai_responses
 from polar.proxy.gateway import Gateway
@@ -90,4 +91,5 @@ def create_app(gateway: Gateway, *, extensions: Sequence[Extension] = ()) -> Rou
             **openai_responses.hot_routes(gateway),
         },
         fallback=app,
+        prefixes=gemini.hot_prefixes(gateway),
     )
