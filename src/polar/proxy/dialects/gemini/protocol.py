@@ -92,6 +92,10 @@ class CountTokensRequest(_Wire):
     generateContentRequest: dict[str, Any] | None = None
 
 
+PATH_PREFIXES = ("/v1beta/models/", "/v1/models/")
+"""Where the Gemini API's model methods live: ``{prefix}{model}:{method}``."""
+METHODS = ("generateContent", "streamGenerateContent", "countTokens")
+
 # Top-level fields the gateway carries but does not act on; not reported as unknown.
 KNOWN_EXTRAS = frozenset({"labels"})
 

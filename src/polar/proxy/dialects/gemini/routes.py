@@ -20,6 +20,8 @@ from polar.ir import ChatRequest, Completion, Dialect, TokenLogprob
 from polar.proxy.asgi import ASGIApp, Receive, Scope, Send, headers_of, read_body, send_body
 from polar.proxy.dialects.gemini.protocol import (
     KNOWN_EXTRAS,
+    METHODS,
+    PATH_PREFIXES,
     CountTokensRequest,
     GenerateContentRequest,
 )
@@ -34,9 +36,6 @@ from polar.proxy.errors import InvalidRequest, NotFound, ProxyError
 from polar.proxy.gateway import Gateway
 from polar.proxy.inbound import api_key_of, check_counts, json_object, validate
 from polar.proxy.serving import internal, serve
-
-PREFIXES = ("/v1beta/models/", "/v1/models/")
-METHODS = ("generateContent", "streamGenerateContent", "countTokens")
 
 
 def _response_id() -> str:
@@ -85,11 +84,11 @@ class GeminiCodec:
 
 def split_path(path: str) -> tuple[str, str]:
     """``/v1beta/models/{model}:{method}`` -> (model, method); NotFound otherwise."""
-    prefix = next((p for p in PREFIXES if path.startswith(p)), None)
+    prefix = next((p for p in PATH_PREFIXES if path.startswith(p)), None)
     model, colon, method = path[len(prefix or "") :].rpartition(":")
     if prefix is None or not colon or method not in METHODS:
         raise NotFound(
-            f"{path[:200]}: not a Gemini API method (POST {PREFIXES[0]}{{model}}:"
+            f"{path[:200]}: not a Gemini API method (POST {PATH_PREFIXES[0]}{{model}}:"
             f"{'|'.join(METHODS)})"
         )
     if not model or "/" in model or len(model) > 256:
@@ -119,7 +118,7 @@ def hot_prefixes(gateway: Gateway) -> dict[tuple[str, str], ASGIApp]:
             codec = streamed if name == "streamGenerateContent" else unary
             await serve(scope, receive, send, codec, gateway, path_fields=fields)
 
-    return {("POST", prefix): method for prefix in PREFIXES}
+    return {("POST", prefix): method for prefix in PATH_PREFIXES}
 
 
 async def _count_tokens(
