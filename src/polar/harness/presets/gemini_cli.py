@@ -14,6 +14,7 @@ from polar.ir import Dialect
 
 @dataclass(frozen=True, slots=True)
 class GeminiCli:
+    routing: bool = False
     """Gemini CLI 0.61.0 (runs on the pinned Node.js, see :mod:`.node`):
     speaks the **Gemini API** (``generativelanguage`` v1beta).
 
@@ -28,9 +29,12 @@ class GeminiCli:
     trusted folder. A stream that ends without a ``finishReason``, or with no
     text and no function call, is retried by the CLI.
 
-    The model is named (``model.name``), so the CLI routes nothing: with the
-    default ``auto`` model it first asks a routing classifier
-    (``:generateContent`` with a JSON schema) which Gemini model to use.
+    The model is named (``model.name``), so the CLI routes nothing. With
+    ``routing=True`` the model stays the CLI's ``auto``: before each instruction
+    the CLI asks a routing classifier (unary ``:generateContent`` naming a Gemini
+    Flash-Lite model, a JSON schema ``{complexity_reasoning, complexity_score}``
+    in ``responseJsonSchema``) and then names the Gemini model it picked; the
+    gateway serves every name from its one engine and records the name asked.
 
     ``~/.gemini/settings.json`` selects API-key auth (without it the CLI exits
     41), and turns off usage statistics and telemetry (else it looks up a
@@ -58,8 +62,9 @@ class GeminiCli:
             "privacy": {"usageStatisticsEnabled": False},
             "telemetry": {"enabled": False},
             "security": {"auth": {"selectedType": "gemini-api-key"}},
-            "model": {"name": spec.model},
         }
+        if not self.routing:
+            settings["model"] = {"name": spec.model}
         return (write_json(spec.home / ".gemini" / "settings.json", settings),)
 
     def invocation(self, spec: RunSpec, executable: Path | None) -> Invocation:
