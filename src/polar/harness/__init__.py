@@ -3,7 +3,8 @@ into a project cache, configured inside an isolated HOME to reach only the
 gateway with a session key, and run headless.
 
 Presets (:mod:`polar.harness.presets`): ``codex``, ``claude_code``,
-``qwen_code``, ``pi``, ``opencode``, ``mini_swe_agent``, ``shell``; any other
+``qwen_code``, ``pi``, ``opencode``, ``mini_swe_agent``, ``gemini_cli``,
+``shell``; any other
 harness is a ``package.module:factory`` returning a :class:`Harness`.
 """
 
