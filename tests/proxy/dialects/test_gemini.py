@@ -305,6 +305,14 @@ def test_unknown_methods_get_gemini_errors(
     check_error(post(stack, key, body(), path), status, needle)
 
 
+def test_other_methods_on_gemini_paths_get_gemini_errors(make_stack: Any) -> None:
+    stack = make_stack({"turns": []})
+    _, key = stack.new_session()
+    reply = httpx.get(f"{stack.url}{UNARY}", headers={"x-goog-api-key": key}, timeout=30)
+    assert reply.status_code in (404, 405)
+    check_error(reply, reply.status_code, "GET /v1beta/models/gemini-3.5-flash-lite")
+
+
 def test_the_key_comes_as_a_header_or_in_the_query(make_stack: Any) -> None:
     stack = make_stack({"turns": [{"text": "one"}, {"text": "two"}]})
     sid, key = stack.new_session()
