@@ -1,6 +1,7 @@
 """The real agent CLIs, unmodified, against the real gateway and the scripted
 engine, in both capture modes: codex (OpenAI Responses), claude_code (Anthropic
-Messages), qwen_code, pi, opencode and mini_swe_agent (Chat Completions).
+Messages), qwen_code, pi, opencode and mini_swe_agent (Chat Completions),
+gemini_cli (the Gemini API).
 
 Each CLI runs headless in a fresh HOME and workdir (installed by the test set-up
 from npm/PyPI at the presets' pinned versions). The scripted model thinks, then
@@ -43,6 +44,8 @@ class Case:
     """Role of the first request's last message, as the engine sees it."""
     title_call: bool = False
     """opencode asks for a session title before it starts."""
+    classifier: bool = False
+    """The Gemini CLI on its ``auto`` model asks a routing classifier first."""
     options: tuple[tuple[str, Any], ...] = ()
 
     @property
@@ -67,7 +70,9 @@ CASES = {
     "pi": Case("pi"),
     "opencode": Case("opencode", title_call=True),
     "mini_swe_agent": Case("mini_swe_agent"),
+    "gemini_cli": Case("gemini_cli"),
 }
+CLASSIFIER = '{"complexity_reasoning": "One explicit command.", "complexity_score": 15}'
 
 
 def script_for(case: Case, capture: str) -> dict[str, Any]:
@@ -104,6 +109,13 @@ def script_for(case: Case, capture: str) -> dict[str, Any]:
             else {"prompt_contains": "You are a title generator"}
         )
         script["side"] = [{"when": when, "text": "Writing proof.txt"}]
+    if case.classifier:
+        when = (
+            {"system_contains": "Task Routing AI"}
+            if chat
+            else {"prompt_contains": "You are a specialized Task Routing AI"}
+        )
+        script["side"] = [{"when": when, "text": CLASSIFIER}]
     return script
 
 
@@ -128,6 +140,13 @@ def replayed_turn(dialect: Dialect, body: dict[str, Any]) -> Replayed:
             call["name"],
             json.loads(call["arguments"]),
             call["arguments"],
+        )
+    if dialect is Dialect.GEMINI:
+        model = [c for c in body["contents"] if c.get("role") == "model"][-1]
+        thoughts = [p["text"] for p in model["parts"] if p.get("thought")]
+        function = next(p["functionCall"] for p in model["parts"] if "functionCall" in p)
+        return Replayed(
+            "".join(thoughts) if thoughts else None, function["name"], function["args"], None
         )
     assistant = [m for m in body["messages"] if m["role"] == "assistant"][-1]
     if dialect is Dialect.ANTHROPIC_MESSAGES:
@@ -175,6 +194,28 @@ def test_cli_completes_a_tool_round_trip_through_the_gateway(
 
 
 @pytest.mark.slow
+def test_gemini_cli_on_its_auto_model_is_served_under_every_name_it_asks_for(
+    make_stack: Any,
+    make_spec: Callable[..., RunSpec],
+    installed: Callable[[Harness], Path],
+    harness_cache: Path,
+    tokenizer: Any,
+) -> None:
+    """The routing classifier (unary, a JSON schema, a Flash-Lite model), then the
+    agent turns under the model it picked: one engine serves them all, each record
+    keeps the name asked for."""
+    case = Case("gemini_cli", classifier=True, options=(("routing", True),))
+    records = run_case(
+        case, "engine_rendered", make_stack, make_spec, installed, harness_cache, tokenizer
+    )
+    classifier, *turns = records
+    assert classifier.stream is False and all(r.stream for r in turns)
+    asked = [r.original_request["model"] for r in records]
+    assert asked[0] != asked[1] == asked[2] and all(m.startswith("models/gemini-") for m in asked)
+    assert "responseJsonSchema" in classifier.original_request["generationConfig"]
+
+
+@pytest.mark.slow
 def test_opencode_without_the_title_call_makes_only_agent_calls(
     make_stack: Any,
     make_spec: Callable[..., RunSpec],
@@ -194,7 +235,7 @@ def run_case(
     installed: Callable[[Harness], Path],
     harness_cache: Path,
     tokenizer: Any,
-) -> None:
+) -> list[CompletionRecord]:
     harness = load_harness(case.harness, dict(case.options))
     installed(harness)
     stack = make_stack(script_for(case, capture), capture=capture)
@@ -219,7 +260,7 @@ def run_case(
     assert (spec.workdir / "proof.txt").read_text() == "polar\n"
 
     records = stack.records(session_id)
-    assert len(records) == len(stack.engine.requests) == 2 + int(case.title_call)
+    assert len(records) == len(stack.engine.requests) == 2 + int(case.title_call or case.classifier)
     assert [r.seq for r in records] == list(range(1, len(records) + 1))
     for record in records:
         assert record.status is RecordStatus.COMPLETED, record.error
@@ -259,3 +300,4 @@ def run_case(
         assert second.prompt_ids[: len(first.prompt_ids) + len(first.output_ids)] == (
             first.prompt_ids + first.output_ids
         )
+    return records

@@ -58,8 +58,8 @@ def make_echo_agent(greeting: str = "hi") -> EchoAgent:
 def test_presets_are_found_by_name() -> None:
     assert load_harness("codex") == Codex()
     assert set(PRESETS) == {
-        "codex", "claude_code", "qwen_code", "pi", "opencode", "mini_swe_agent", "shell",
-        "minicoder",
+        "codex", "claude_code", "qwen_code", "pi", "opencode", "mini_swe_agent", "gemini_cli",
+        "shell", "minicoder",
     }  # fmt: skip
 
 

@@ -183,6 +183,7 @@ VERSION_COMMANDS = {
     "qwen_code": (["--version"], "0.24.4"),
     "pi": (["--version"], "0.73.1"),
     "opencode": (["--version"], "1.18.33"),
+    "gemini_cli": (["--version"], "0.61.0"),
 }
 
 

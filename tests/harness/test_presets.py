@@ -35,6 +35,7 @@ PINNED = {
     "pi": ("@mariozechner/pi-coding-agent", "0.73.1", "pi"),
     "opencode": ("opencode-ai", "1.18.33", "opencode"),
     "mini_swe_agent": ("mini-swe-agent", "2.4.6", "mini"),
+    "gemini_cli": ("@google/gemini-cli", "0.61.0", "gemini"),
 }
 
 DIALECTS = {
@@ -44,6 +45,7 @@ DIALECTS = {
     "pi": Dialect.OPENAI_CHAT,
     "opencode": Dialect.OPENAI_CHAT,
     "mini_swe_agent": Dialect.OPENAI_CHAT,
+    "gemini_cli": Dialect.GEMINI,
 }
 
 
@@ -221,6 +223,40 @@ def test_qwen_code_takes_a_dash_instruction_as_a_prompt_option(
 ) -> None:
     argv = preset("qwen_code").invocation(make_spec(instruction="-x marks"), EXE).argv
     assert argv[-1] == "--prompt=-x marks"
+
+
+# -- gemini_cli ------------------------------------------------------------------------------
+
+
+def test_gemini_cli_settings_select_api_key_auth_with_telemetry_off(
+    make_spec: Callable[..., RunSpec],
+) -> None:
+    spec = make_spec()
+    (path,) = preset("gemini_cli").write_config(spec)
+    assert path == spec.home / ".gemini" / "settings.json"
+    assert json.loads(path.read_text()) == {
+        "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+        "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False},
+        "security": {"auth": {"selectedType": "gemini-api-key"}},
+        "model": {"name": "policy"},
+    }
+    routed = load_harness("gemini_cli", {"routing": "true"})
+    (path,) = routed.write_config(make_spec(home=spec.home / "routed"))
+    assert "model" not in json.loads(path.read_text())  # the CLI's own "auto"
+
+
+def test_gemini_cli_runs_yolo_in_a_trusted_workspace_against_the_gateway(
+    make_spec: Callable[..., RunSpec],
+) -> None:
+    spec = make_spec(instruction="-x marks")
+    invocation = preset("gemini_cli").invocation(spec, EXE)
+    assert invocation.argv == (str(EXE), "--yolo", "--prompt=-x marks")
+    assert invocation.env == {
+        "GOOGLE_GEMINI_BASE_URL": GATEWAY,
+        "GEMINI_API_KEY": spec.api_key,
+        "GEMINI_CLI_TRUST_WORKSPACE": "true",
+    }
 
 
 # -- pi --------------------------------------------------------------------------------------

@@ -235,6 +235,9 @@ for request in json.loads(sys.argv[2]):
 prints each answer's status line (a JSON string per line)."""
 
 
+GEMINI = "/v1beta/models/gemini-3.8-flash:streamGenerateContent"
+
+
 def _raw(method: str, path: str, key: str | None, extra: str = "", body: str = "") -> str:
     auth = f"authorization: Bearer {key}\r\n" if key is not None else ""
     length = f"content-length: {len(body)}\r\n" if body and "transfer-encoding" not in extra else ""
@@ -276,14 +279,38 @@ async def test_the_relay_passes_only_model_calls_with_the_sessions_key(
         ),
         "upgrade": _raw("GET", "/v1/models", key, extra="connection: upgrade\r\nupgrade: h2c\r\n"),
         "not http": "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+        "gemini, another key in the query": _raw(
+            "POST", f"{GEMINI}?key=sk-polar-another-session", None, body="{}"
+        ),
+        "gemini, a second key in the query": _raw(
+            "POST", f"{GEMINI}?key=sk-other", None, extra=f"x-goog-api-key: {key}\r\n", body="{}"
+        ),
+        "gemini, another goog key": _raw(
+            "POST", GEMINI, None, extra="x-goog-api-key: sk-other\r\n", body="{}"
+        ),
+        "gemini, no key": _raw("POST", GEMINI, None, body="{}"),
+        "gemini, a path for a model": _raw(
+            "POST", "/v1beta/models/../../admin:generateContent", key, body="{}"
+        ),
+        "gemini, another method": _raw("POST", "/v1beta/models/m:embedContent", key, body="{}"),
+        "gemini, a GET": _raw("GET", GEMINI, key),
         "the model call": _raw("GET", "/v1/models", key),
+        "the gemini call": _raw(
+            "POST", f"{GEMINI}?alt=sse", None, extra=f"x-goog-api-key: {key}\r\n", body="{}"
+        ),
+        "the gemini call, key in the query": _raw("POST", f"{GEMINI}?key={key}", None, body="{}"),
     }
     result = await runtime.exec(["python3", "-c", RAW, port, json.dumps(list(attempts.values()))])
 
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert result.ok and len(lines) == len(attempts), result.stdout + result.stderr
     statuses = dict(zip(attempts, lines, strict=True))
-    assert statuses.pop("the model call").startswith("HTTP/1.1 200"), statuses
+    for call in ("the model call", "the gemini call", "the gemini call, key in the query"):
+        assert statuses.pop(call).startswith("HTTP/1.1 200"), (call, statuses)
     passed = {name for name, line in statuses.items() if line[9:10] not in ("4", "5", "")}
     assert passed == set(), statuses
-    assert gateway.requests == [("GET", "/v1/models")]
+    assert gateway.requests == [
+        ("GET", "/v1/models"),
+        ("POST", f"{GEMINI}?alt=sse"),
+        ("POST", f"{GEMINI}?key={key}"),
+    ]

@@ -8,6 +8,8 @@ from typing import Any
 from polar.ir import ChatRequest, Dialect
 from polar.proxy.dialects.anthropic_messages import translate as anthropic
 from polar.proxy.dialects.anthropic_messages.protocol import MessagesRequest
+from polar.proxy.dialects.gemini import translate as gemini
+from polar.proxy.dialects.gemini.protocol import GenerateContentRequest
 from polar.proxy.dialects.openai_chat import translate as chat
 from polar.proxy.dialects.openai_chat.protocol import ChatCompletionRequest
 from polar.proxy.dialects.openai_responses import translate as responses
@@ -20,4 +22,7 @@ PARSE: dict[Dialect, Parse] = {
         MessagesRequest.model_validate(b)
     ),
     Dialect.OPENAI_RESPONSES: lambda b: responses.request_to_ir(ResponsesRequest.model_validate(b)),
+    Dialect.GEMINI: lambda b: gemini.request_to_ir(
+        GenerateContentRequest.model_validate(b), stream=True
+    ),
 }

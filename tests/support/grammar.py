@@ -118,3 +118,50 @@ def check_responses_stream(events: list[tuple[str | None, dict[str, Any]]]) -> d
     Response.model_validate(final)
     assert [item["id"] for item in final["output"]] == [item["id"] for item in done]
     return dict(final)
+
+
+def gemini_events(text: str) -> list[dict[str, Any]]:
+    """The data of each event of a Gemini SSE body (``\\r\\n\\r\\n`` between events)."""
+    return [data for _, data in sse_events(text.replace("\r\n", "\n"))]
+
+
+def check_gemini_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Validate a ``streamGenerateContent?alt=sse`` stream (Google's documented
+    ``GenerateContentResponse`` chunks: one candidate, a ``model`` content, the
+    finish reason and usage on the last chunk only); return the response it adds
+    up to, its parts joined as the Gemini SDKs join them."""
+    assert events, "an empty stream"
+    parts: list[dict[str, Any]] = []
+    for index, chunk in enumerate(events):
+        last = index == len(events) - 1
+        assert set(chunk) <= {"candidates", "usageMetadata", "modelVersion", "responseId"}, chunk
+        assert isinstance(chunk["modelVersion"], str) and isinstance(chunk["responseId"], str)
+        (candidate,) = chunk["candidates"]
+        assert candidate["index"] == 0 and candidate["content"]["role"] == "model", chunk
+        assert ("finishReason" in candidate) == last, (index, chunk)
+        assert ("usageMetadata" in chunk) == last, (index, chunk)
+        for part in candidate["content"]["parts"]:
+            assert len(set(part) - {"thought"}) == 1, part
+            if "text" in part:
+                assert isinstance(part["text"], str) and part["text"], part
+            else:
+                call = part["functionCall"]
+                assert isinstance(call["name"], str) and isinstance(call["args"], dict), part
+            last_part = parts[-1] if parts else {}
+            if (
+                "text" in part
+                and "text" in last_part
+                and part.get("thought") == last_part.get("thought")
+            ):
+                parts[-1] = {**last_part, "text": last_part["text"] + part["text"]}
+            else:
+                parts.append(part)
+    usage = events[-1]["usageMetadata"]
+    assert usage["totalTokenCount"] == usage["promptTokenCount"] + usage[
+        "candidatesTokenCount"
+    ] + usage.get("thoughtsTokenCount", 0), usage
+    final = events[-1]["candidates"][0]
+    return {
+        **events[-1],
+        "candidates": [{**final, "content": {"role": "model", "parts": parts}}],
+    }

@@ -18,7 +18,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from support.grammar import check_anthropic_stream, check_responses_stream, sse_events
+from support.grammar import (
+    check_anthropic_stream,
+    check_gemini_stream,
+    check_responses_stream,
+    gemini_events,
+    sse_events,
+)
 
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
 
@@ -115,6 +121,18 @@ def received_turn(exchange: Exchange) -> Turn:
                 (i["name"], json.loads(i["arguments"]))
                 for i in items
                 if i["type"] == "function_call"
+            ],
+        )
+    if path.endswith(("generateContent", "GenerateContent")):
+        response = check_gemini_stream(gemini_events(raw)) if streamed else json.loads(raw)
+        parts = response["candidates"][0]["content"]["parts"]
+        return Turn(
+            "".join(p["text"] for p in parts if p.get("thought")),
+            "".join(p["text"] for p in parts if "text" in p and not p.get("thought")),
+            [
+                (p["functionCall"]["name"], p["functionCall"]["args"])
+                for p in parts
+                if "functionCall" in p
             ],
         )
     return _chat_turn(raw, streamed)

@@ -51,6 +51,24 @@ def test_a_rehearsal_keeps_the_clis_real_prompts_and_the_outputs_it_accepted(
     assert "<tool_response>" in decode(list(second.prompt_ids[len(sampled) :]))
     assert decode(list(second.output_ids)).endswith("Wrote proof.txt.<|im_end|>")
     assert rehearsable(CACHE, ["pi"]) == {"pi": "0.73.1"}
+    # pi leaves sampling to the model's defaults
+    assert (first.temperature, first.top_p) == (second.temperature, second.top_p) == (None, None)
+
+
+@pytest.mark.slow
+def test_a_rehearsal_keeps_the_sampling_the_cli_asks_for(tokenizer: Any) -> None:
+    """The Gemini CLI asks for temperature 1 and top-p 0.95 on every call: the
+    warm-up must teach its exchange for that sampling, not the model's defaults."""
+    package = load_harness("gemini_cli").package
+    assert package is not None
+    install(package, CACHE)
+
+    rehearsal = rehearse("gemini_cli", QWEN3_TOKENIZER_DIR, cache_dir=CACHE)
+
+    first, second = rehearsal.calls
+    assert '"name": "run_shell_command"' in tokenizer.decode(list(first.prompt_ids))
+    assert second.prompt_ids[: len(first.prompt_ids)] == first.prompt_ids
+    assert [(c.temperature, c.top_p) for c in rehearsal.calls] == [(1.0, 0.95)] * 2
 
 
 def test_a_rehearsal_knows_when_its_workspace_path_is_in_the_trained_tail(

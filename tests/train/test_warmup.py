@@ -89,6 +89,15 @@ def test_frozen_prefix_logprobs_equal_a_whole_pass(model: Qwen3ForCausalLM) -> N
         expected = whole_pass_logprobs(model, prompt, output, temperature=2.0)
         assert torch.allclose(at_two, expected, atol=1e-4), (f"seed {SEED}", at_two, expected)
 
+    # A call its CLI samples at its own temperature is tempered at that one.
+    own = [long_example(p, o, tail=24, temperature=0.5 if i == 1 else None) for i, (p, o) in
+           enumerate(calls)]  # fmt: skip
+    with torch.no_grad():
+        _, mixed = output_logprobs(model, own, kvs, temperature=2.0)
+    for i, ((prompt, output), got_t) in enumerate(zip(calls, mixed, strict=True)):
+        expected = whole_pass_logprobs(model, prompt, output, temperature=0.5 if i == 1 else 2.0)
+        assert torch.allclose(got_t, expected, atol=1e-4), (f"seed {SEED}", i, got_t, expected)
+
 
 def test_warm_up_learns_a_rehearsed_call_and_ships_its_sampling(tmp_path: Path) -> None:
     """The whole warm-up on the default tiny model: one long rehearsed call (a

@@ -3,10 +3,10 @@ into a project cache, configured inside an isolated HOME to reach only the
 gateway with a session key, and run headless.
 
 Presets (:mod:`polar.harness.presets`): ``codex``, ``claude_code``,
-``qwen_code``, ``pi``, ``opencode``, ``mini_swe_agent``, ``shell``, and
-``minicoder`` (Polar's own write-check-revise loop for small models that do
-not call tools, :mod:`polar.harness.agents.minicoder`); any other harness is a
-``package.module:factory`` returning a :class:`Harness`.
+``qwen_code``, ``pi``, ``opencode``, ``mini_swe_agent``, ``gemini_cli``,
+``shell``, and ``minicoder`` (Polar's own write-check-revise loop for small
+models that do not call tools, :mod:`polar.harness.agents.minicoder`); any
+other harness is a ``package.module:factory`` returning a :class:`Harness`.
 """
 
 from polar.harness.base import DEFAULT_PATH, Harness, Invocation, RunSpec, base_env

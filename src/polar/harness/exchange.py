@@ -39,5 +39,6 @@ SHELL_EXCHANGES: dict[str, ShellExchange] = {
     "pi": ShellExchange("bash"),
     "opencode": ShellExchange("bash", title_prompt="You are a title generator"),
     "mini_swe_agent": ShellExchange("bash", done_command=MINI_SWE_AGENT_DONE),
+    "gemini_cli": ShellExchange("run_shell_command"),
 }
 """Every pinned CLI that talks to a model, by preset name."""

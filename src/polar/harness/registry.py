@@ -23,6 +23,7 @@ PRESETS: Mapping[str, str] = {
     "pi": "polar.harness.presets.pi:Pi",
     "opencode": "polar.harness.presets.opencode:OpenCode",
     "mini_swe_agent": "polar.harness.presets.mini_swe_agent:MiniSweAgent",
+    "gemini_cli": "polar.harness.presets.gemini_cli:GeminiCli",
     "shell": "polar.harness.presets.shell:Shell",
     "minicoder": "polar.harness.presets.minicoder:Minicoder",
 }

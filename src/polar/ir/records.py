@@ -14,6 +14,7 @@ class Dialect(StrEnum):
     OPENAI_CHAT = "openai_chat"
     OPENAI_RESPONSES = "openai_responses"
     ANTHROPIC_MESSAGES = "anthropic_messages"
+    GEMINI = "gemini"
 
 
 class CaptureMode(StrEnum):

@@ -15,8 +15,12 @@ from starlette.routing import BaseRoute, Route
 from polar.proxy import admin
 from polar.proxy.asgi import Router
 from polar.proxy.dialects.anthropic_messages import routes as anthropic_messages
+from polar.proxy.dialects.gemini import routes as gemini
+from polar.proxy.dialects.gemini.protocol import PATH_PREFIXES as GEMINI_PATHS
+from polar.proxy.dialects.gemini.translate import error_json as gemini_error
 from polar.proxy.dialects.openai_chat import routes as openai_chat
 from polar.proxy.dialects.openai_responses import routes as openai_responses
+from polar.proxy.errors import InvalidRequest, NotFound
 from polar.proxy.gateway import Gateway
 
 
@@ -58,11 +62,16 @@ def create_app(gateway: Gateway, *, extensions: Sequence[Extension] = ()) -> Rou
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        if request.url.path.startswith(GEMINI_PATHS):  # Google's shape under its paths
+            error = NotFound(message) if exc.status_code == 404 else InvalidRequest(message)
+            error.status = exc.status_code
+            return JSONResponse(gemini_error(error), status_code=exc.status_code)
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return JSONResponse(
             {
                 "error": {
-                    "message": f"{request.method} {request.url.path}: {exc.detail}",
+                    "message": message,
                     "type": kind,
                     "param": None,
                     "code": None,
@@ -90,4 +99,5 @@ def create_app(gateway: Gateway, *, extensions: Sequence[Extension] = ()) -> Rou
             **openai_responses.hot_routes(gateway),
         },
         fallback=app,
+        prefixes=gemini.hot_prefixes(gateway),
     )

@@ -101,15 +101,28 @@ class DisconnectWatch:
 
 
 class Router:
-    """Root ASGI app: exact ``(method, path)`` hot routes, everything else to ``fallback``."""
+    """Root ASGI app: exact ``(method, path)`` hot routes, then ``(method, prefix)``
+    hot routes (paths that name something, as Gemini's ``/v1beta/models/{model}:...``),
+    everything else to ``fallback``."""
 
-    def __init__(self, routes: Mapping[tuple[str, str], ASGIApp], fallback: ASGIApp) -> None:
+    def __init__(
+        self,
+        routes: Mapping[tuple[str, str], ASGIApp],
+        fallback: ASGIApp,
+        prefixes: Mapping[tuple[str, str], ASGIApp] | None = None,
+    ) -> None:
         self._routes = dict(routes)
+        self._prefixes = tuple((m, p, app) for (m, p), app in (prefixes or {}).items())
         self._fallback = fallback
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            handler = self._routes.get((scope["method"], scope["path"]))
+            method, path = scope["method"], scope["path"]
+            handler = self._routes.get((method, path))
+            if handler is None:
+                handler = next(
+                    (a for m, p, a in self._prefixes if m == method and path.startswith(p)), None
+                )
             if handler is not None:
                 await handler(scope, receive, send)
                 return

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import parse_qs
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -27,15 +28,24 @@ from polar.proxy.errors import BodyTooLarge, InvalidRequest
 M = TypeVar("M", bound=BaseModel)
 
 
-def api_key_of(headers: Mapping[str, str]) -> str | None:
-    """The caller's key: ``Authorization: Bearer`` (OpenAI) or ``x-api-key`` (Anthropic)."""
+def api_key_of(headers: Mapping[str, str], query: bytes = b"") -> str | None:
+    """The caller's key: ``Authorization: Bearer`` (OpenAI), ``x-api-key``
+    (Anthropic), ``x-goog-api-key`` or the query's ``key`` (Gemini), the first
+    of these given."""
     auth = headers.get("authorization")
     if auth:
         scheme, _, token = auth.partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             return token.strip()
-    key = headers.get("x-api-key")
-    return key.strip() if key else None
+    for name in ("x-api-key", "x-goog-api-key"):
+        key = headers.get(name)
+        if key and key.strip():
+            return key.strip()
+    if b"key=" in query:
+        for value in parse_qs(query.decode("latin-1")).get("key", ()):
+            if value.strip():
+                return value.strip()
+    return None
 
 
 @dataclass(frozen=True, slots=True)

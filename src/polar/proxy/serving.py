@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Protocol, assert_never
 
 from polar.ir import (
@@ -97,33 +97,49 @@ OFFLOAD_BYTES = 256 << 10
 
 
 def parse_body(
-    raw: bytes, codec: DialectCodec, gateway: Gateway
+    raw: bytes,
+    codec: DialectCodec,
+    gateway: Gateway,
+    path_fields: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], ChatRequest]:
-    """Decode, check against the limits, validate and translate a model request."""
+    """Decode, check against the limits, validate and translate a model request.
+    ``path_fields`` (what the path says, Gemini's model) go into the body, over
+    the same fields sent in it, so the record keeps them."""
     body = json_object(raw, gateway.body_limits)
+    if path_fields:
+        body.update(path_fields)
     check_counts(body, gateway.body_limits, messages_field=codec.messages_field)
     return body, codec.parse(body, gateway)
 
 
 async def read_request(
-    receive: Receive, headers: dict[str, str], codec: DialectCodec, gateway: Gateway
+    receive: Receive,
+    headers: dict[str, str],
+    codec: DialectCodec,
+    gateway: Gateway,
+    path_fields: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], ChatRequest]:
     raw = await read_body(
         receive, gateway.config.limits.max_body_bytes, headers.get("content-length")
     )
     if len(raw) > OFFLOAD_BYTES:
-        return await gateway.offload.run(len(raw), parse_body, raw, codec, gateway)
-    return parse_body(raw, codec, gateway)
+        return await gateway.offload.run(len(raw), parse_body, raw, codec, gateway, path_fields)
+    return parse_body(raw, codec, gateway, path_fields)
 
 
 async def serve(
-    scope: Scope, receive: Receive, send: Send, codec: DialectCodec, gateway: Gateway
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    codec: DialectCodec,
+    gateway: Gateway,
+    path_fields: Mapping[str, Any] | None = None,
 ) -> None:
     arrived = time.time()
     headers = headers_of(scope)
     try:
-        session = gateway.authenticate(api_key_of(headers))
-        body, chat = await read_request(receive, headers, codec, gateway)
+        session = gateway.authenticate(api_key_of(headers, scope.get("query_string", b"")))
+        body, chat = await read_request(receive, headers, codec, gateway, path_fields)
     except ProxyError as error:
         await send_body(send, error.status, codec.error_body(error))
         return

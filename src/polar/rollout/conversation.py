@@ -27,6 +27,8 @@ from typing import Any, assert_never
 from polar.ir import ChatRequest, CompletionRecord, Dialect, Message, Role
 from polar.proxy.dialects.anthropic_messages.protocol import MessagesRequest
 from polar.proxy.dialects.anthropic_messages.translate import request_to_ir as anthropic_to_ir
+from polar.proxy.dialects.gemini.protocol import GenerateContentRequest
+from polar.proxy.dialects.gemini.translate import request_to_ir as gemini_to_ir
 from polar.proxy.dialects.openai_chat.protocol import ChatCompletionRequest
 from polar.proxy.dialects.openai_chat.translate import request_to_ir as chat_to_ir
 from polar.proxy.dialects.openai_responses.protocol import ResponsesRequest
@@ -46,6 +48,8 @@ def request_of(record: CompletionRecord) -> ChatRequest:
             return anthropic_to_ir(MessagesRequest.model_validate(body))
         case Dialect.OPENAI_RESPONSES:
             return responses_to_ir(ResponsesRequest.model_validate(body))
+        case Dialect.GEMINI:
+            return gemini_to_ir(GenerateContentRequest.model_validate(body), stream=record.stream)
         case _:
             assert_never(record.dialect)
 

@@ -12,9 +12,11 @@ the sandbox; this server accepts on it. Inside, the sandbox's init listens on
 reads each HTTP/1.1 request head (strictly, :mod:`polar.runtime.http1`) before
 anything reaches the gateway, and forwards only
 
-- the model API (:data:`MODEL_ROUTES`), carrying the session's own key
-  (``GatewayAddress.api_key``) in every credential header it sends
-  (``Authorization: Bearer`` and ``x-api-key``), and
+- the model API (:data:`MODEL_ROUTES`, and the Gemini API's
+  :data:`GEMINI_ROUTE`), carrying the session's own key
+  (``GatewayAddress.api_key``) in every credential it sends
+  (``Authorization: Bearer``, ``x-api-key``, ``x-goog-api-key``, the query's
+  ``key``), and
 - the base-URL probe some CLIs send first (``HEAD /``, ``GET /``).
 
 Anything else (the gateway's admin routes, a node or server API, another
@@ -42,7 +44,9 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 from pathlib import Path
+from urllib.parse import parse_qs
 
 from polar.runtime.base import GatewayAddress
 from polar.runtime.errors import RuntimeStartError
@@ -73,6 +77,11 @@ MODEL_ROUTES: frozenset[tuple[str, str]] = frozenset(
     }
 )
 """The gateway's model API: what a harness calls, with its session key."""
+GEMINI_ROUTE = re.compile(
+    r"/v1(?:beta)?/models/[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+    r":(?:generateContent|streamGenerateContent|countTokens)"
+)
+"""The Gemini API's model methods (``POST``): the model is part of the path."""
 MAX_CONNECTIONS = 256
 """Connections one sandbox may hold open at once (each costs the host a descriptor)."""
 IDLE_S = 120.0
@@ -192,23 +201,30 @@ class GatewayRelay:
         route = (request.method, request.path)
         if route in PROBE_ROUTES:
             return None
-        if route not in MODEL_ROUTES:
+        gemini = request.method == "POST" and GEMINI_ROUTE.fullmatch(request.path) is not None
+        if route not in MODEL_ROUTES and not gemini:
             if any(path == request.path for _, path in (*MODEL_ROUTES, *PROBE_ROUTES)):
                 return 405, f"{request.method} is not allowed on {request.path}"
             return 404, f"{request.path[:200]} is not a model API route"
         key = self._gateway.api_key
         if key is None:
             return None
-        given = request.head.values(b"authorization") + request.head.values(b"x-api-key")
-        if not given:
+        keys = request.head.values(b"x-api-key") + request.head.values(b"x-goog-api-key")
+        in_query = [
+            v.encode("latin-1")
+            for v in parse_qs(request.target.partition("?")[2], keep_blank_values=True).get(
+                "key", ()
+            )
+        ]
+        if not (request.head.values(b"authorization") or keys or in_query):
             return 401, "no API key"
         expected = key.encode()
         for value in request.head.values(b"authorization"):
             scheme, _, token = value.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), expected):
                 return 401, "not this session's API key"
-        for value in request.head.values(b"x-api-key"):
-            if not hmac.compare_digest(value, expected):
+        for value in keys + in_query:
+            if not hmac.compare_digest(value.strip(), expected):
                 return 401, "not this session's API key"
         return None
 

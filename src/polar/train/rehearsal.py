@@ -29,6 +29,7 @@ from polar.harness.base import DEFAULT_PATH
 from polar.harness.exchange import SHELL_EXCHANGES, ShellExchange
 from polar.harness.install import DEFAULT_CACHE_DIR
 from polar.ir import PromptOrigin, RecordStatus
+from polar.rollout.conversation import request_of
 from polar.train.warmup import WarmupSpec, is_warmed, warm_up
 
 INSTRUCTION = "Write the word polar into proof.txt using the shell."
@@ -49,10 +50,13 @@ class RehearsalFailed(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class RehearsedCall:
-    """One model call of a rehearsal: what the model read and what it wrote."""
+    """One model call of a rehearsal: what the model read and what it wrote, and
+    the sampling the CLI asked for (None: it left it to the model's defaults)."""
 
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
+    temperature: float | None = None
+    top_p: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,9 +188,13 @@ def rehearse(
     lineage = records[-1].lineage
     if lineage is None or lineage.origin is not PromptOrigin.EXTENDS or not lineage.spliced:
         raise RehearsalFailed(f"{where}: the second call does not extend the first")
+    asked = [request_of(r).sampling for r in records]
     return Rehearsal(
         harness=name,
-        calls=tuple(RehearsedCall(tuple(r.prompt_ids), tuple(r.output_ids)) for r in records),
+        calls=tuple(
+            RehearsedCall(tuple(r.prompt_ids), tuple(r.output_ids), s.temperature, s.top_p)
+            for r, s in zip(records, asked, strict=True)
+        ),
         scratch=root.name,
     )
 
@@ -237,13 +245,15 @@ def teach_agents(
         return str(tokenizer.decode(ids))
 
     calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    sampled_at: list[tuple[float | None, float | None]] = []
     for name, version in versions.items():
         for workspace in WORKSPACES:
             echo(f"rehearsing {name} {version} in {workspace}/")
             rehearsal = rehearse(name, base, cache_dir=cache_dir, workspace=workspace)
             calls += [(c.prompt_ids, c.output_ids) for c in rehearsal.calls]
+            sampled_at += [(c.temperature, c.top_p) for c in rehearsal.calls]
             lengths = ", ".join(str(len(c.prompt_ids)) for c in rehearsal.calls)
             echo(f"  {len(rehearsal.calls)} calls, prompts of {lengths} tokens")
             if not rehearsal.names_workspace_within(spec.tail, decode):
                 break
-    return warm_up(base, out, spec, rehearsed=calls, rehearsed_from=origin)
+    return warm_up(base, out, spec, rehearsed=calls, rehearsed_from=origin, sampled_at=sampled_at)

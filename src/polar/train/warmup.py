@@ -17,9 +17,11 @@ tokens are computed without gradients every ``refresh`` steps and reused in
 between; gradients flow through the tail and the output. The staleness is
 bounded: the step right after a refresh sees exact keys and values, and its
 losses are the ones the stopping rule reads: every rehearsed output token is the
-only one the model's default sampling can pick (the taught model ships Qwen3's
-published defaults, temperature 0.6 and top-p 0.95, which vLLM and the embedded
-engine apply to a request that sets none, as the CLIs' requests do).
+only one the sampling its call is drawn with can pick: the model's default
+sampling (the taught model ships Qwen3's published defaults, temperature 0.6
+and top-p 0.95, which vLLM and the embedded engine apply to a request that sets
+none, as most CLIs' requests do), or the temperature and top-p the CLI asks for
+(the Gemini CLI: temperature 1, top-p 0.95).
 
 Algorithm: next-token cross-entropy, AdamW; synthetic dialogues: constant
 learning rate, whole dialogues as examples (two assistant turns each);
@@ -83,8 +85,9 @@ class WarmupSpec:
     """With rehearsed calls: the sampling defaults written into the taught model's
     generation config (Qwen3's published ones, which vLLM and the embedded engine
     apply to a request that sets none). Training stops once each rehearsed output
-    token is the only one this sampling can pick: its probability at
-    ``temperature`` is at least ``top_p``."""
+    token is the only one its call's sampling can pick: its probability at
+    ``temperature`` is at least ``top_p`` (or at the temperature and top-p its CLI
+    asks for, see :class:`LongExample`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +99,24 @@ class LongExample:
     """The prompt's last tokens, then the output."""
     outputs: int
     """How many of ``tail``'s last tokens are output (the ones with a loss)."""
+    temperature: float | None = None
+    top_p: float | None = None
+    """The sampling its CLI asks for (None: the model's defaults, which the spec
+    sets): the stopping rule holds each output token to it."""
 
 
-def long_example(prompt: Sequence[int], output: Sequence[int], tail: int) -> LongExample:
+def long_example(
+    prompt: Sequence[int],
+    output: Sequence[int],
+    tail: int,
+    *,
+    temperature: float | None = None,
+    top_p: float | None = None,
+) -> LongExample:
     cut = max(1, len(prompt) - tail)
-    return LongExample(list(prompt[:cut]), list(prompt[cut:]) + list(output), len(output))
+    return LongExample(
+        list(prompt[:cut]), list(prompt[cut:]) + list(output), len(output), temperature, top_p
+    )
 
 
 def dialogue(name: str, text: str, ask: str) -> list[tuple[list[Message], str]]:
@@ -244,7 +260,8 @@ def output_logprobs(
     temperature: float = 1.0,
 ) -> tuple[list[Any], list[Any]]:
     """Each example's output-token log-probabilities, one tensor per example: of
-    the model's distribution, and of that distribution at ``temperature``.
+    the model's distribution, and of that distribution at the example's own
+    temperature (``temperature`` where it has none).
 
     The output projection (151,936 rows) is applied once to every example's
     states together: it is memory-bound, so one pass over its weights instead
@@ -255,7 +272,10 @@ def output_logprobs(
     targets = torch.tensor([t for e in long for t in e.tail[-e.outputs :]])[:, None]
     logits = model.get_output_embeddings()(hidden).float()  # [sum outputs, V]
     raw = torch.log_softmax(logits, -1).gather(1, targets)[:, 0]
-    tempered = torch.log_softmax(logits.detach() / temperature, -1).gather(1, targets)[:, 0]
+    scale = torch.tensor([e.temperature or temperature for e in long for _ in range(e.outputs)])[
+        :, None
+    ]  # [sum outputs, 1]
+    tempered = torch.log_softmax(logits.detach() / scale, -1).gather(1, targets)[:, 0]
     return _per_example(raw, long), _per_example(tempered, long)
 
 
@@ -274,13 +294,15 @@ def warm_up(
     *,
     rehearsed: Sequence[tuple[Sequence[int], Sequence[int]]] = (),
     rehearsed_from: Mapping[str, str] | None = None,
+    sampled_at: Sequence[tuple[float | None, float | None]] = (),
 ) -> dict[str, Any]:
     """Fine-tune the model in ``base`` into ``out``; returns a short report.
 
     ``rehearsed``: (prompt ids, output ids) of calls to learn as well, e.g. from
     :func:`polar.train.rehearsal.rehearse`; ``rehearsed_from`` names where they
     came from (harness -> version) for the marker that makes a rebuild of the
-    same thing a no-op.
+    same thing a no-op; ``sampled_at``: the (temperature, top-p) each call's CLI
+    asks for, in order (None, or none given: the spec's defaults).
     """
     if is_warmed(out, spec, base, rehearsed_from):
         return {"kept": str(out)}
@@ -292,7 +314,11 @@ def warm_up(
     torch.manual_seed(spec.seed)
     rng = random.Random(spec.seed)
     tokenizer = load_tokenizer(base)
-    long = [long_example(prompt, output, spec.tail) for prompt, output in rehearsed]
+    asked = list(sampled_at) + [(None, None)] * (len(rehearsed) - len(sampled_at))
+    long = [
+        long_example(prompt, output, spec.tail, temperature=t, top_p=p)
+        for (prompt, output), (t, p) in zip(rehearsed, asked, strict=True)
+    ]
     # Rehearsed calls teach the format on their own; the synthetic dialogues only
     # when there are none (the demo's model).
     data = [] if long else examples(ChatTemplate(tokenizer))
@@ -306,6 +332,9 @@ def warm_up(
     )
     losses: list[float] = []
     worst = 0.0  # lowest tempered output-token probability of a rehearsed call, last refresh
+    # Each call is learnt when its least likely output token, at its sampling's
+    # temperature, is the whole top-p nucleus.
+    needed = [e.top_p or spec.top_p for e in long]
     kvs: list[list[tuple[Any, Any]]] = []
     started = time.monotonic()
     for step in range(last):
@@ -317,8 +346,9 @@ def warm_up(
             per_example, tempered = output_logprobs(model, long, kvs, spec.temperature)
             loss = sum(-lp.mean() for lp in per_example) / len(long)
             if exact:
-                worst = math.exp(min(float(lp.min()) for lp in tempered))
-                if worst >= spec.top_p:
+                lowest = [math.exp(float(lp.min())) for lp in tempered]
+                worst = min(lowest)
+                if all(p >= q for p, q in zip(lowest, needed, strict=True)):
                     break
         else:
             exact = False

@@ -35,7 +35,9 @@ PATHS = {
     Dialect.OPENAI_CHAT: "/v1/chat/completions",
     Dialect.ANTHROPIC_MESSAGES: "/v1/messages",
     Dialect.OPENAI_RESPONSES: "/v1/responses",
+    Dialect.GEMINI: "/v1beta/models/policy:generateContent",
 }
+GEMINI_STREAM = "/v1beta/models/policy:streamGenerateContent?alt=sse"
 ODD_VALUES: list[Any] = [
     None,
     True,
@@ -64,6 +66,8 @@ SEEDS = {
     (Dialect.ANTHROPIC_MESSAGES, "token_in_token_out"): 1104,
     (Dialect.OPENAI_RESPONSES, "engine_rendered"): 1105,
     (Dialect.OPENAI_RESPONSES, "token_in_token_out"): 1106,
+    (Dialect.GEMINI, "engine_rendered"): 1107,
+    (Dialect.GEMINI, "token_in_token_out"): 1108,
 }
 
 
@@ -152,6 +156,10 @@ def check_error_shape(dialect: Dialect, reply: httpx.Response) -> None:
     if dialect is Dialect.ANTHROPIC_MESSAGES:
         assert body["type"] == "error", body
         assert isinstance(body["error"]["type"], str) and body["error"]["message"], body
+    elif dialect is Dialect.GEMINI:
+        error = body["error"]
+        assert set(error) == {"code", "message", "status"} and error["message"], body
+        assert error["code"] == reply.status_code and isinstance(error["status"], str), body
     else:
         assert isinstance(body["error"]["message"], str) and body["error"]["message"], body
         assert "type" in body["error"], body
@@ -165,6 +173,7 @@ def test_mutated_requests_never_get_a_5xx(make_stack: Any, dialect: Dialect, cap
     headers = {
         "authorization": f"Bearer {key}",
         "x-api-key": key,
+        "x-goog-api-key": key,
         "anthropic-version": "2023-06-01",
         "content-type": "application/json",
     }
@@ -172,7 +181,10 @@ def test_mutated_requests_never_get_a_5xx(make_stack: Any, dialect: Dialect, cap
     with httpx.Client(base_url=stack.url, headers=headers, timeout=60) as client:
         seed = SEEDS[(dialect, capture)]
         for index, raw in enumerate(mutants(dialect, MUTANTS // 2, seed=seed)):
-            reply = client.post(PATHS[dialect], content=raw)
+            path = PATHS[dialect]
+            if dialect is Dialect.GEMINI and index % 2:  # half of them streamed
+                path = GEMINI_STREAM
+            reply = client.post(path, content=raw)
             statuses[reply.status_code] = statuses.get(reply.status_code, 0) + 1
             assert reply.status_code < 500, (
                 f"seed {seed}, mutant {index}",

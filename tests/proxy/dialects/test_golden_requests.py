@@ -14,6 +14,7 @@ import pytest
 
 from polar.ir import ChatRequest, Dialect, Role, ToolCall
 from polar.proxy.dialects.anthropic_messages import translate as anthropic
+from polar.proxy.dialects.gemini import translate as gemini
 from polar.proxy.dialects.openai_chat import translate as chat
 from polar.proxy.dialects.openai_responses import translate as responses
 from polar.proxy.render.template import ChatTemplate
@@ -28,6 +29,7 @@ REBUILD: dict[Dialect, Callable[[ChatRequest], dict[str, Any]]] = {
     Dialect.OPENAI_CHAT: chat.request_from_ir,
     Dialect.ANTHROPIC_MESSAGES: anthropic.request_from_ir,
     Dialect.OPENAI_RESPONSES: responses.request_from_ir,
+    Dialect.GEMINI: gemini.request_from_ir,
 }
 
 
@@ -67,6 +69,16 @@ def wire_tool_traffic(dialect: Dialect, body: dict[str, Any]) -> tuple[list[Any]
                         if isinstance(content, str)
                         else "".join(b.get("text", "") for b in content)
                     )
+    elif dialect is Dialect.GEMINI:
+        for content in body["contents"]:
+            for part in content["parts"]:
+                if "functionCall" in part:
+                    calls.append((part["functionCall"]["name"], part["functionCall"]["args"]))
+                elif "functionResponse" in part:
+                    response = part["functionResponse"]["response"]
+                    results.append(
+                        response["output"] if list(response) == ["output"] else json.dumps(response)
+                    )
     else:
         for item in body["input"] if isinstance(body["input"], list) else ():
             if item.get("type") == "function_call":
@@ -92,7 +104,15 @@ def ir_tool_traffic(request: ChatRequest) -> tuple[list[Any], list[str]]:
 
 def test_every_cli_has_golden_requests() -> None:
     harnesses = {path.parent.name for path in GOLDEN}
-    assert harnesses == {"codex", "claude_code", "qwen_code", "pi", "opencode", "mini_swe_agent"}
+    assert harnesses == {
+        "codex",
+        "claude_code",
+        "qwen_code",
+        "pi",
+        "opencode",
+        "mini_swe_agent",
+        "gemini_cli",
+    }
     dialects = {load(path)[0] for path in GOLDEN}
     assert dialects == set(Dialect)
 

@@ -416,7 +416,7 @@ def test_gateway_render_equals_vllms_tokenization_of_every_recorded_request(
     returns for the chat request engine-rendered capture sends it."""
     template = ChatTemplate(tokenizer)
     cases = [*_recorded_requests(), ("edge cases", Dialect.OPENAI_CHAT, EDGE_CASES)]
-    clis = {"codex", "claude_code", "qwen_code", "pi", "opencode", "mini_swe_agent"}
+    clis = {"codex", "claude_code", "qwen_code", "pi", "opencode", "mini_swe_agent", "gemini_cli"}
     assert clis <= {name.split("/")[0] for name, _, _ in cases}
     assert clis <= {name.split(".")[0] for name, _, _ in cases}
     mismatched = []

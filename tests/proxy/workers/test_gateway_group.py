@@ -28,6 +28,7 @@ import pytest
 
 from polar.ir import CompletionRecord, PromptOrigin, RecordStatus
 from polar.proxy.dialects.anthropic_messages.translate import error_json as anthropic_error
+from polar.proxy.dialects.gemini.translate import error_json as gemini_error
 from polar.proxy.dialects.openai_errors import error_json as openai_error
 from polar.proxy.engines.vllm_process import free_port
 from polar.proxy.errors import AuthenticationFailed
@@ -197,6 +198,26 @@ def test_keys_closes_pause_and_the_policy_version_hold_across_workers(group: Gro
         headers={"x-api-key": "sk-polar-forged", "anthropic-version": "2023-06-01"},
     )
     assert (anthropic.status_code, anthropic.json()) == (401, anthropic_error(unknown))
+    gemini = group.calls.post(
+        "/v1beta/models/m:generateContent?key=sk-polar-forged",
+        json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+    )
+    assert (gemini.status_code, gemini.json()) == (401, gemini_error(unknown))
+    # A Gemini key in the query or its own header reaches the worker that owns the session.
+    for sid in _ids(1, 2, "g"):
+        _, key = group.new_session(sid)
+        contents = [{"role": "user", "parts": [{"text": "hi"}]}]
+        by_query = group.calls.post(
+            f"/v1beta/models/m:generateContent?key={key}", json={"contents": contents}
+        )
+        assert by_query.status_code == 200, by_query.text
+        by_header = group.calls.post(
+            "/v1beta/models/m:streamGenerateContent?alt=sse",
+            json={"contents": contents},
+            headers={"x-goog-api-key": key},
+        )
+        assert by_header.status_code == 200 and "finishReason" in by_header.text
+        assert [r.status for r in group.records(sid)] == [RecordStatus.COMPLETED] * 2
 
     # Close a session on each worker: its key stops working, its neighbours' do not.
     (keep0, close0), (keep1, close1) = _ids(0, 2, "b"), _ids(1, 2, "b")

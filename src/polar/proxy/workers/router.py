@@ -196,7 +196,8 @@ class Router:
     ) -> bool:
         """Pass one call to its worker and its reply back; whether the client
         connection may carry another request."""
-        index = self.table.route(api_key_of(head.headers))
+        query = head.target.partition("?")[2].encode("latin-1")
+        index = self.table.route(api_key_of(head.headers, query))
         upstream = await self._upstream(index, upstreams, client)
         if upstream is None:
             error = WorkerUnavailable(

@@ -17,6 +17,8 @@ from http import HTTPStatus
 import orjson
 
 from polar.proxy.dialects.anthropic_messages.translate import error_json as anthropic_error
+from polar.proxy.dialects.gemini.protocol import PATH_PREFIXES as GEMINI_PREFIXES
+from polar.proxy.dialects.gemini.translate import error_json as gemini_error
 from polar.proxy.dialects.openai_errors import error_json as openai_error
 from polar.proxy.errors import ProxyError
 
@@ -250,6 +252,8 @@ def error_reply(path: str, error: ProxyError, *, close: bool = False) -> bytes:
     """An error from the router itself, in the shape of the dialect the path serves."""
     if path.startswith("/v1/messages"):
         body = orjson.dumps(anthropic_error(error))
+    elif path.startswith(GEMINI_PREFIXES):
+        body = orjson.dumps(gemini_error(error))
     else:
         body = orjson.dumps(openai_error(error))
     return response(error.status, body, close=close)
