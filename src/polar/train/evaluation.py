@@ -28,7 +28,7 @@ def evaluate(
     prefix: str = "eval",
     on_result: Callable[[TaskResult], None] | None = None,
 ) -> dict[str, float]:
-    """``<prefix>/reward_mean`` and ``<prefix>/hitsfraction`` over every counted
+    """``<prefix>/reward_mean`` and ``<prefix>/solved_fraction`` over every counted
     session of every task (scored, or failed by the agent: 0.0, unsolved);
     ``<prefix>/counted``, ``<prefix>/agent_failed``, ``<prefix>/masked`` (not
     counted) and ``<prefix>/sessions``; ``prefix`` is ``eval`` (``eval_greedy``...).
@@ -60,7 +60,7 @@ def evaluate(
     hits = [solved(r) for r, _ in counted]
     return {
         f"{prefix}/reward_mean": math.fsum(rewards) / len(rewards) if rewards else 0.0,
-        f"{prefix}/hitsfraction": sum(hits) / len(hits) if hits else 0.0,
+        f"{prefix}/solved_fraction": sum(hits) / len(hits) if hits else 0.0,
         f"{prefix}/counted": float(len(counted)),
         f"{prefix}/agent_failed": float(sum(session_use(r) is SessionUse.FAILED for r in sessions)),
         f"{prefix}/masked": float(len(sessions) - len(counted)),
