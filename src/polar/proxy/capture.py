@@ -53,12 +53,13 @@ from polar.proxy.engines.base import NO_HEADERS, ChatEngine, Headers, TokenEngin
 from polar.proxy.engines.registry import CHAT_ENGINES, TOKEN_ENGINES, context_window, engine_factory
 from polar.proxy.errors import EngineError, InvalidRequest
 from polar.proxy.logtext import clip
-from polar.proxy.maxtokens import ContextWindow, limited
+from polar.proxy.maxtokens import ContextWindow, PromptTooLong, limited
 from polar.proxy.offload import Offload
 from polar.proxy.render.delivery import ParsedTurn, Redelivery, call_flags, withdrawn_flags
 from polar.proxy.render.parse import OutputParser, ParserOptions, Piece, ToolFormat
 from polar.proxy.render.splice import PromptPlan, Transcript, plan_prompt
 from polar.proxy.render.template import ChatTemplate
+from polar.proxy.render.tokenbound import TooManyTokens
 from polar.proxy.render.tokens import TokenText
 from polar.proxy.render.toolprompt import ToolPrompt
 from polar.tokenizer import TokenizerLoadError, load_tokenizer
@@ -263,13 +264,25 @@ class GatewayRendered:
         _need_messages(request)
         # The worker reads a snapshot: the loop may add to the transcript meanwhile.
         snapshot = Transcript(calls=deque(transcript.calls, maxlen=transcript.calls.maxlen))
-        plan: PromptPlan = await self._offload.run(
-            request_size(request),
-            self._rendered,
-            functools.partial(plan_prompt, self.template),
-            request,
-            snapshot,
-        )
+        context = self.context.length
+        # A prompt that cannot leave a token to sample is refused as soon as that is
+        # known: a multi-megabyte one is never tokenized whole (render.tokenbound).
+        most = None if context is None else context - 1
+        try:
+            plan: PromptPlan = await self._offload.run(
+                request_size(request),
+                self._rendered,
+                functools.partial(plan_prompt, self.template, most=most),
+                request,
+                snapshot,
+            )
+        except TooManyTokens as exc:
+            raise PromptTooLong(
+                f"This model's maximum context length is {context} tokens, and the prompt "
+                f"alone takes at least {exc.at_least}: no room is left to generate. "
+                "Shorten the conversation.",
+                param="messages",
+            ) from None
         opt = self._parser
         tail = plan.tail_text
         in_reasoning = opt.reasoning and tail.rfind(opt.think_start) > tail.rfind(opt.think_end)
@@ -277,7 +290,7 @@ class GatewayRendered:
         request, edits = limited(
             request,
             prompt_tokens=len(plan.ids),
-            context=self.context.length,
+            context=context,
             default=self.context.default_max_tokens,
         )
         call = self.engine.prepare(
