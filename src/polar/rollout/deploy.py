@@ -23,12 +23,13 @@ from polar.proxy.asgi import Router
 from polar.proxy.gateway import Gateway
 from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.lifecycle import RuntimeFactory
-from polar.rollout.node import Node, check_node
+from polar.rollout.node import Node, check_node, claim_node
 from polar.rollout.node_app import create_node_app, node_extension
 from polar.rollout.raynodes import RayConfig
 from polar.rollout.server import RolloutServer
 from polar.rollout.server_app import create_server_app
 from polar.runtime.base import GatewayAddress
+from polar.runtime.lease import Lease
 from polar.runtime.registry import create_runtime
 from polar.trajectory import BuildConfig, TurnFormat
 
@@ -78,13 +79,16 @@ def node_service(
     *,
     runtime_factory: RuntimeFactory = create_runtime,
     build: BuildConfig | None = None,
+    leases: list[Lease] | None = None,
 ) -> NodeService:
+    """``leases``: the node's leases, already taken (:func:`~polar.rollout.node.claim_node`)."""
     gateway = Gateway(config.gateway)
     node = Node(
         config,
         gateway,
         build or build_config_for(config.gateway.render.tokenizer),
         runtime_factory=runtime_factory,
+        leases=leases,
     )
     address: list[GatewayAddress] = []
 
@@ -148,9 +152,10 @@ async def serve(
             node_config = None
     if node_config is not None:
         check_node(node_config)
+        # Refused here, in one line, if a live node has its id or directories.
+        service = node_service(node_config, leases=claim_node(node_config))
         sock = listening_socket(node_config.gateway.host, node_config.gateway.port)
         control = listening_socket(node_config.control_host, node_config.control_port)
-        service = node_service(node_config)
         service.bind(*sock.getsockname()[:2])
         service.bind_control(*control.getsockname()[:2])
         # The API first: its server is up before the gateway's start-up starts the node.
