@@ -14,7 +14,7 @@ and which limit; nothing else happens.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,15 +27,50 @@ from polar.proxy.errors import BodyTooLarge, InvalidRequest
 M = TypeVar("M", bound=BaseModel)
 
 
-def api_key_of(headers: Mapping[str, str]) -> str | None:
-    """The caller's key: ``Authorization: Bearer`` (OpenAI) or ``x-api-key`` (Anthropic)."""
-    auth = headers.get("authorization")
+RawHeaders = Iterable[tuple[bytes, bytes]]
+"""A request's header fields as its server parsed them, in order, names in lower
+case (ASGI's ``scope["headers"]``, Starlette's ``Headers.raw``)."""
+
+
+def credentials(raw: RawHeaders) -> tuple[str | None, str | None]:
+    """The ``Authorization`` and ``x-api-key`` values. A credential header sent
+    twice is refused (:class:`InvalidRequest`, 400): which one would count is a
+    guess the gateway does not make (it used to take the last)."""
+    auth: str | None = None
+    key: str | None = None
+    for name, value in raw:
+        if name == b"authorization" or name == b"x-api-key":
+            if (auth if name == b"authorization" else key) is not None:
+                raise InvalidRequest(
+                    f"the request has more than one '{name.decode()}' header: send one key, once"
+                )
+            if name == b"authorization":
+                auth = value.decode("latin-1")
+            else:
+                key = value.decode("latin-1")
+    return auth, key
+
+
+def bearer_of(raw: RawHeaders) -> str | None:
+    """The token of ``Authorization: Bearer <token>`` (the admin API's only way)."""
+    return _bearer(credentials(raw)[0])
+
+
+def api_key_of(raw: RawHeaders) -> str | None:
+    """A session's key: ``Authorization: Bearer`` (OpenAI), else ``x-api-key`` (Anthropic)."""
+    auth, key = credentials(raw)
+    bearer = _bearer(auth)
+    if bearer is not None:
+        return bearer
+    return key.strip() if key else None
+
+
+def _bearer(auth: str | None) -> str | None:
     if auth:
         scheme, _, token = auth.partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             return token.strip()
-    key = headers.get("x-api-key")
-    return key.strip() if key else None
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,7 +122,7 @@ async def serve(
     arrived = time.time()
     headers = headers_of(scope)
     try:
-        session = gateway.authenticate(api_key_of(headers))
+        session = gateway.authenticate(api_key_of(scope["headers"]))
         body, chat = await read_request(receive, headers, codec, gateway)
     except ProxyError as error:
         await send_body(send, error.status, codec.error_body(error))

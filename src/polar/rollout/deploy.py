@@ -21,6 +21,7 @@ from polar.gctune import tune_for_serving
 from polar.proxy.app import create_app
 from polar.proxy.asgi import Router
 from polar.proxy.gateway import Gateway
+from polar.proxy.httpwire import GatewayHttpProtocol
 from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.lifecycle import RuntimeFactory
 from polar.rollout.node import Node, check_node, claim_node
@@ -111,7 +112,11 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn(app: Any, log_level: str, keepalive_s: int = 5) -> uvicorn.Server:
+def _uvicorn(
+    app: Any, log_level: str, keepalive_s: int = 5, *, gateway: bool = False
+) -> uvicorn.Server:
+    """``gateway``: served as ``polar gateway`` serves it (:mod:`polar.proxy.httpwire`:
+    writes of a loop turn coalesced, heads over its limit answered 431)."""
     return uvicorn.Server(
         uvicorn.Config(
             app,
@@ -121,6 +126,7 @@ def _uvicorn(app: Any, log_level: str, keepalive_s: int = 5) -> uvicorn.Server:
             access_log=False,
             timeout_graceful_shutdown=5,
             timeout_keep_alive=keepalive_s,
+            **({"http": GatewayHttpProtocol} if gateway else {}),
         )
     )
 
@@ -160,7 +166,9 @@ async def serve(
         service.bind_control(*control.getsockname()[:2])
         # The API first: its server is up before the gateway's start-up starts the node.
         servers.append((_uvicorn(service.control_app, log_level), control))
-        servers.append((_uvicorn(service.app, log_level, node_config.gateway.keepalive_s), sock))
+        servers.append(
+            (_uvicorn(service.app, log_level, node_config.gateway.keepalive_s, gateway=True), sock)
+        )
         tune_for_serving(node_config.gateway.gc_young_threshold)
     elif server_config is not None:
         tune_for_serving()
@@ -198,8 +206,13 @@ class NodeThread:
         self.gateway_url = f"http://{gateway[0]}:{gateway[1]}"
         self.control_url = f"http://{control[0]}:{control[1]}"
         self._servers = [
-            uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio"))
-            for app in (service.app, service.control_app)
+            uvicorn.Server(
+                uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio", **http)
+            )
+            for app, http in (
+                (service.app, {"http": GatewayHttpProtocol}),
+                (service.control_app, {}),
+            )
         ]
         self._thread = threading.Thread(target=self._run, name="node", daemon=True)
         self._error: BaseException | None = None
