@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from starlette.applications import Starlette
@@ -126,7 +126,7 @@ def _uvicorn(
             access_log=False,
             timeout_graceful_shutdown=5,
             timeout_keep_alive=keepalive_s,
-            **({"http": GatewayHttpProtocol} if gateway else {}),
+            http=GatewayHttpProtocol if gateway else "auto",
         )
     )
 
@@ -205,14 +205,15 @@ class NodeThread:
         service.bind_control(*control)
         self.gateway_url = f"http://{gateway[0]}:{gateway[1]}"
         self.control_url = f"http://{control[0]}:{control[1]}"
+        protocols: tuple[tuple[Any, type[asyncio.Protocol] | Literal["auto"]], ...] = (
+            (service.app, GatewayHttpProtocol),  # as polar gateway serves it
+            (service.control_app, "auto"),
+        )
         self._servers = [
             uvicorn.Server(
-                uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio", **http)
+                uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio", http=http)
             )
-            for app, http in (
-                (service.app, {"http": GatewayHttpProtocol}),
-                (service.control_app, {}),
-            )
+            for app, http in protocols
         ]
         self._thread = threading.Thread(target=self._run, name="node", daemon=True)
         self._error: BaseException | None = None
