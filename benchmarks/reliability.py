@@ -52,8 +52,10 @@ served it.
 a scripted engine process; ``--per-case`` mutants of the golden requests the
 real CLIs sent (``tests/fixtures/harness``) per dialect, with keys dropped,
 values of the wrong type, nesting up to 1,000 deep, strings up to 1 MB, bodies
-cut short or not UTF-8. Reports statuses, 5xx, dropped connections, the
-slowest reply, and the gateway's RSS before and after.
+cut short or not UTF-8; 3% of them with the ``Authorization`` header sent twice
+(must be a 400) and 2% with a 100 KB header (a 431). Reports statuses, 5xx,
+dropped connections, the slowest reply, the gateway's RSS before and after,
+and the header cases sent and answered otherwise.
 
 ``big-prompts``: token-in/token-out mode, where the gateway renders and
 tokenizes prompts itself. A small streamed call is repeated on one session
@@ -573,7 +575,8 @@ def fuzz(per_case: int, seed: int, modes: list[str]) -> None:
     token = "bench-admin-token-0123456789"
     print(f"seed {seed}, {per_case} mutants per dialect and capture mode")
     print(f"{'mode':>19} {'dialect':>19} {'2xx':>6} {'4xx':>6} {'5xx':>4} {'dropped':>7} "
-          f"{'slowest s':>9} {'RSS MB 0/10%/end/max':>19} {'wall s':>7}")  # fmt: skip
+          f"{'slowest s':>9} {'RSS MB 0/10%/end/max':>19} {'wall s':>7} "
+          f"{'heads 400/431 wrong':>19}")  # fmt: skip
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "script.json"
@@ -607,6 +610,9 @@ def fuzz(per_case: int, seed: int, modes: list[str]) -> None:
             }
             for dialect, (path, _) in DIALECTS.items():
                 rng = random.Random(f"{seed}/{mode}/{dialect.value}")
+                # Apart from the bodies' draws, so the mutants stay those of earlier runs.
+                head_rng = random.Random(f"{seed}/{mode}/{dialect.value}/heads")
+                heads = {400: 0, 431: 0, "wrong": 0}
                 counts = {"2xx": 0, "4xx": 0, "5xx": 0, "dropped": 0}
                 samples: list[str] = []
                 slowest = 0.0
@@ -626,9 +632,25 @@ def fuzz(per_case: int, seed: int, modes: list[str]) -> None:
                         if n == per_case // 10:
                             rss_tenth = rss_of(gateway.pid)
                         raw = mutant(rng.choice(bases[dialect]), rng)
+                        # 3% repeat the Authorization header (400), 2% a 100 KB header (431).
+                        roll = head_rng.random()
+                        expect = 400 if roll < 0.03 else 431 if roll < 0.05 else None
+                        fields = list(headers.items())
+                        if expect == 400:
+                            fields.append(("authorization", "Bearer sk-polar-another"))
+                        elif expect == 431:
+                            fields.append(("x-padding", "p" * (100 << 10)))
                         t0 = time.monotonic()
                         try:
-                            reply = http.post(path, content=raw)
+                            if expect is None:
+                                reply = http.post(path, content=raw)
+                            else:
+                                request = httpx.Request(
+                                    "POST", f"{url}{path}", headers=fields, content=raw
+                                )
+                                reply = http.send(request)
+                                heads[expect] += 1
+                                heads["wrong"] += reply.status_code != expect
                             status = reply.status_code
                             if status >= 500:
                                 samples.append(f"{status} {reply.text[:300]!r} <- {raw[:200]!r}")
@@ -639,12 +661,13 @@ def fuzz(per_case: int, seed: int, modes: list[str]) -> None:
                         counts[f"{status // 100}xx"] = counts.get(f"{status // 100}xx", 0) + 1
                 rss_end = rss_of(gateway.pid)
                 rss = f"{rss_start:.0f}/{rss_tenth:.0f}/{rss_end:.0f}/{max(peak, rss_end):.0f}"
-                bad += counts["5xx"] + counts["dropped"]
+                bad += counts["5xx"] + counts["dropped"] + heads["wrong"]
                 c = counts
+                h = f"{heads[400]}/{heads[431]} {heads['wrong']}"
                 print(
                     f"{mode:>19} {dialect.value:>19} {c['2xx']:>6} {c['4xx']:>6} {c['5xx']:>4} "
                     f"{c['dropped']:>7} {slowest:>9.2f} {rss:>19} "
-                    f"{time.monotonic() - case_started:>7.0f}",
+                    f"{time.monotonic() - case_started:>7.0f} {h:>19}",
                     flush=True,
                 )
                 for sample in samples[:3]:
