@@ -192,7 +192,7 @@ class ContextWindow:
         self._max_retry_s = max_retry_s
         self._asking: asyncio.Task[None] | None = None
         self.asked = 0
-        """Tries made (for ``/health`` and tests)."""
+        """Questions asked of the engine so far."""
 
     @property
     def length(self) -> int | None:

@@ -14,7 +14,8 @@ A lease is an exclusive ``flock`` on a file in the machine's lease directory
 (``/run/polar-leases``, or ``<tmp>/polar-leases-<uid>`` where ``/run`` cannot
 be written), named by a digest of what it is for. The descriptor stays open
 for the life of the lease; the kernel releases the lock when the process exits,
-``kill -9`` included, and no lock survives a reboot. So the lock itself is the
+``kill -9`` included, and no lock survives a reboot. A lease let go of removes
+its file first; one whose holder was killed stays, unlocked, for the next. So the lock itself is the
 liveness check of the owner: no pid that could have been reused, no clock. The
 file says who holds it (pid, when the process started, the boot id) for the
 one-line error a second claimant gets (:class:`LeaseHeld`). Within one
@@ -69,16 +70,25 @@ class Lease:
         when a live process holds it."""
         directory = directory or lease_dir()
         path = directory / f"{hashlib.sha256(what.encode()).hexdigest()[:24]}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = _describe(fd)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                # Its last holder may have removed the file between our open and our
+                # lock: then the lock is on a file nobody else will open. Again.
+                current = _inode(path)
+            except BlockingIOError:
+                owner = _describe(fd)
+                os.close(fd)
+                raise LeaseHeld(
+                    f"{what} is held by a live process on this machine: {owner}"
+                ) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            if current == os.fstat(fd).st_ino:
+                break
             os.close(fd)
-            raise LeaseHeld(f"{what} is held by a live process on this machine: {owner}") from None
-        except BaseException:
-            os.close(fd)
-            raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, orjson.dumps(_holder(what, holder)), 0)
         return cls(path, fd, what)
@@ -88,9 +98,20 @@ class Lease:
         return self._fd is not None
 
     def release(self) -> None:
+        """Remove the file (still locked, so no one holds it meanwhile) and let go.
+        A holder killed first leaves the file, unlocked: the next one takes it."""
         if self._fd is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
             os.close(self._fd)  # closing the descriptor releases the lock
             self._fd = None
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
 
 
 def _holder(what: str, holder: str) -> dict[str, object]:
