@@ -20,6 +20,11 @@ from polar.ir import Dialect
 # ---------------------------------------------------------------- engine faults
 
 FAULTS = ("http500", "http503", "reset", "stall", "truncated", "shape", "bad_ids")
+TOKENIZE_FAULTS = ("tokenize_500", "tokenize_503", "tokenize_reset", "tokenize_stall")
+"""Faults of the count engine-rendered capture asks before a call (``POST /tokenize``)."""
+MODELS_FAULTS = ("models_stall", "models_500", "models_reset", "models_no_length")
+"""Faults of ``GET /v1/models`` (a gateway without ``engine.max_model_len`` asks it)."""
+STALL_S = 2.0
 PROMPT = [10, 11, 12, 13]
 OUTPUT = [(21, "he"), (22, "llo"), (23, " there")]
 
@@ -54,13 +59,29 @@ def sse_chunks(bad_ids: bool, tag: str = "") -> list[bytes]:
 
 
 class FaultyVllm:
-    """Answers ``/v1/chat/completions`` as vLLM does, failing ``rate`` of replies."""
+    """Answers ``/v1/chat/completions``, ``/tokenize`` and ``GET /v1/models`` as vLLM
+    does, failing ``rate`` of chat and tokenize replies (seeded) and every
+    ``/v1/models`` reply as ``models_fault`` says. ``faults`` notes, per request
+    id (``session/seq.attempt``), the route (``chat``, ``tokenize``) and fault
+    (``None``: none) of each of its requests, in order."""
 
-    def __init__(self, rate: float, seed: int, token_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        rate: float,
+        seed: int,
+        token_delay_s: float = 0.0,
+        *,
+        tokenize_rate: float = 0.0,
+        models_fault: str | None = None,
+    ) -> None:
         self.rng = random.Random(seed)
         self.rate = rate
+        self.tokenize_rate = tokenize_rate
+        self.models_fault = models_fault
+        self.models_asked = 0
         self.token_delay_s = token_delay_s
         self.seen: set[str] = set()
+        self.faults: dict[str, list[tuple[str, str | None]]] = {}
         self.version = 0
         """The weights' version, named at the start of every reply (``v3 ``)."""
         self.injected: dict[str, int] = {}
@@ -70,14 +91,29 @@ class FaultyVllm:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def do_GET(self) -> None:
+                with engine.lock:
+                    engine.models_asked += 1
+                engine.models(self)
+
             def do_POST(self) -> None:
                 body = orjson.loads(self.rfile.read(int(self.headers["content-length"])))
+                tokenize = self.path == "/tokenize"
+                kinds, chance = (
+                    (TOKENIZE_FAULTS, engine.tokenize_rate) if tokenize else (FAULTS, rate)
+                )
+                request_id = self.headers.get("x-request-id", "?")
                 with engine.lock:
-                    engine.seen.add(self.headers.get("x-request-id", "?"))
-                    fault = engine.rng.choice(FAULTS) if engine.rng.random() < rate else None
+                    engine.seen.add(request_id)
+                    fault = engine.rng.choice(kinds) if engine.rng.random() < chance else None
+                    route = "tokenize" if tokenize else "chat"
+                    engine.faults.setdefault(request_id, []).append((route, fault))
                     if fault:
                         engine.injected[fault] = engine.injected.get(fault, 0) + 1
-                engine.answer(self, bool(body.get("stream")), fault)
+                if tokenize:
+                    engine.count(self, fault)
+                else:
+                    engine.answer(self, bool(body.get("stream")), fault)
 
             def log_message(self, format: str, *args: object) -> None:
                 pass
@@ -92,13 +128,44 @@ class FaultyVllm:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
+    def count(self, h: BaseHTTPRequestHandler, fault: str | None) -> None:
+        """vLLM's ``/tokenize`` reply (a count), or ``fault``."""
+        if fault == "tokenize_reset":
+            h.close_connection = True
+            h.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if fault == "tokenize_stall":
+            time.sleep(STALL_S)
+        status = {"tokenize_500": 500, "tokenize_503": 503}.get(fault or "", 200)
+        payload = (
+            b'{"count": 4}' if status == 200 else b'{"error": {"message": "injected failure"}}'
+        )
+        _send(h, status, payload)
+
+    def models(self, h: BaseHTTPRequestHandler) -> None:
+        """``GET /v1/models`` as :attr:`models_fault` says (none: a length)."""
+        fault = self.models_fault
+        if fault == "models_reset":
+            h.close_connection = True
+            h.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if fault == "models_stall":
+            time.sleep(30.0)
+        if fault == "models_500":
+            _send(h, 500, b'{"error": {"message": "injected failure"}}')
+            return
+        entry: dict[str, object] = {"id": "m"}
+        if fault != "models_no_length":
+            entry["max_model_len"] = 4096
+        _send(h, 200, orjson.dumps({"object": "list", "data": [entry]}))
+
     def answer(self, h: BaseHTTPRequestHandler, stream: bool, fault: str | None) -> None:
         if fault == "reset":
             h.close_connection = True
             h.connection.shutdown(socket.SHUT_RDWR)
             return
         if fault == "stall":
-            time.sleep(2.0)
+            time.sleep(STALL_S)
         if fault in ("http500", "http503"):
             payload = b'{"error": {"message": "injected failure"}}'
             h.send_response(500 if fault == "http500" else 503)
@@ -139,6 +206,14 @@ class FaultyVllm:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def _send(h: BaseHTTPRequestHandler, status: int, payload: bytes) -> None:
+    h.send_response(status)
+    h.send_header("content-type", "application/json")
+    h.send_header("content-length", str(len(payload)))
+    h.end_headers()
+    h.wfile.write(payload)
 
 
 DIALECTS = {

@@ -45,6 +45,10 @@ def test_gateway_help_documents_every_option() -> None:
     documented = {p.replace("_", "-") for p in gateway.__annotations__ if p != "return"}
     for name in documented:
         assert f"--{name}" in result.stdout.replace("…", ""), name
+    # The read timeout is the wait for the reply to begin; silence after that is idle.
+    text = " ".join(result.stdout.split())
+    read = text.split("--engine-read-timeout-s")[1].split("--engine-idle-timeout-s")[0]
+    assert "reply to begin" in read and "mid-call" not in read, read
 
 
 def test_bad_config_file_gives_one_line_naming_the_field(tmp_path: Path) -> None:

@@ -33,6 +33,10 @@ def polar(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
     )
 
 
+NODE_ID = f"node-cli-{os.getpid()}"
+"""The served node's id: node ids are leased machine-wide, and another test run may hold one."""
+
+
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[str]:
     port, node_port = free_port(), free_port()
@@ -43,8 +47,10 @@ server:
   port: {port}
   db: {tmp_path / "rollout.db"}
 node:
+  node_id: {NODE_ID}
   control_port: {free_port()}
   sessions_dir: {tmp_path / "sessions"}
+  files_dir: {tmp_path / "files"}
   harness_cache: {REPO / ".cache" / "harness"}
   heartbeat_interval_s: 0.5
   gateway:
@@ -113,7 +119,7 @@ def test_submit_runs_a_group_and_status_shows_it(served: str, tmp_path: Path) ->
 
     shown = polar("status", "--server", served, env=env)
     assert shown.returncode == 0, shown.stderr
-    assert "node-1" in shown.stdout and "make-done [completed]" in shown.stdout
+    assert NODE_ID in shown.stdout and "make-done [completed]" in shown.stdout
     one = polar("status", row["task_id"], "--server", served, env=env)
     assert f"{row['task_id']}-s0 completed  reward 1" in one.stdout
 

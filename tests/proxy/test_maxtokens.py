@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from polar.ir import ChatRequest, EditKind, Message, Role, Sampling, TextPart
-from polar.proxy.errors import EngineUnavailable
+from polar.proxy.errors import EngineHTTPError, EngineUnavailable
 from polar.proxy.maxtokens import (
+    ContextSource,
     ContextWindow,
     OutputLimit,
     PromptTooLong,
@@ -101,8 +102,14 @@ def test_the_context_length_is_read_from_v1_models(reply: object, expected: int 
     assert context_from_models(reply, "tiny") == expected
 
 
-def test_the_engine_is_asked_once_and_again_only_after_a_failure() -> None:
-    answers: list[int | Exception | None] = [EngineUnavailable("down"), 4096]
+def test_the_engine_is_asked_at_start_and_in_the_background_until_it_answers() -> None:
+    """A failed try (engine down, a 5xx) is repeated in the background; calls read
+    what is known meanwhile and never wait; once answered, it is not asked again."""
+    answers: list[int | Exception | None] = [
+        EngineUnavailable("down"),
+        EngineHTTPError("engine returned 503", upstream_status=503),
+        4096,
+    ]
     asked = 0
 
     async def fetch() -> int | None:
@@ -113,11 +120,68 @@ def test_the_engine_is_asked_once_and_again_only_after_a_failure() -> None:
             raise answer
         return answer
 
-    async def main() -> list[int | None]:
-        window = ContextWindow(fetch=fetch)
-        return [await window.length() for _ in range(3)]
+    async def main() -> list[Any]:
+        window = ContextWindow(fetch=fetch, retry_s=0.01)
+        await window.start()
+        seen: list[Any] = [window.length, window.source]
+        for _ in range(1000):  # the background question, answered
+            if window.length is not None:
+                break
+            await asyncio.sleep(0.01)
+        seen += [window.length, window.source, window.health()]
+        await window.aclose()
+        return seen
 
-    assert asyncio.run(main()) == [None, 4096, 4096]
-    assert asked == 2
+    assert asyncio.run(main()) == [
+        None,
+        ContextSource.ASKING,
+        4096,
+        ContextSource.ENGINE,
+        {"max_model_len": 4096, "source": "engine"},
+    ]
+    assert asked == 3
     configured = ContextWindow(1024, fetch)
-    assert asyncio.run(configured.length()) == 1024 and asked == 2
+    asyncio.run(configured.start())
+    assert configured.length == 1024 and asked == 3
+
+
+def test_a_stalled_engine_is_given_up_on_after_the_timeout_and_asked_again() -> None:
+    stalls = [True, False]
+
+    async def fetch() -> int | None:
+        if stalls.pop(0):
+            await asyncio.sleep(3600)
+        return 2048
+
+    async def main() -> tuple[Any, ...]:
+        window = ContextWindow(fetch=fetch, ask_timeout_s=0.05, retry_s=0.01)
+        await window.start()  # returns after the timeout, not after the stall
+        first = (window.length, window.source)
+        for _ in range(1000):  # the background question, answered
+            if window.length is not None:
+                break
+            await asyncio.sleep(0.01)
+        await window.aclose()
+        return first, window.length
+
+    assert asyncio.run(main()) == ((None, ContextSource.ASKING), 2048)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [None, EngineHTTPError("engine returned 404", upstream_status=404)],
+)
+def test_an_engine_that_answers_without_a_length_settles_it_unknown(answer: object) -> None:
+    async def fetch() -> int | None:
+        if isinstance(answer, Exception):
+            raise answer
+        return None
+
+    async def main() -> ContextWindow:
+        window = ContextWindow(fetch=fetch)
+        await window.start()
+        return window
+
+    window = asyncio.run(main())
+    assert (window.length, window.source, window.asked) == (None, ContextSource.UNKNOWN, 1)
+    assert "engine.max_model_len" in window.health()["warning"]

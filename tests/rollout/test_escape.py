@@ -268,4 +268,4 @@ def test_an_agent_cannot_escape_its_sandbox(
 
     assert stray.exists() == stray_before, "a runtime left a file in the node's directory"
     assert after.status is TaskStatus.COMPLETED and after.results[0].reward == 1.0
-    assert [n["node_id"] for n in nodes] == ["node-a"]
+    assert [n["node_id"] for n in nodes] == [stack.node_config.node_id]

@@ -91,7 +91,7 @@ def wheel_node(
     stack.stop_node()
     control_port = free_port()
     config = {
-        "node_id": "node-a",
+        "node_id": stack.node_config.node_id,
         "server_url": stack.url,
         "control_token": CONTROL_TOKEN,
         "control_port": control_port,

@@ -163,14 +163,15 @@ def test_a_node_sharing_no_path_with_the_server_runs_and_scores_the_task(
     )
     auth = {"authorization": f"Bearer {CONTROL_TOKEN}"}
     with httpx.Client(base_url=stack.url, headers=auth, timeout=30) as http:
-        assert http.post("/nodes/node-a/drain").status_code == 200  # nothing runs yet
+        drain = f"/nodes/{stack.node_config.node_id}/drain"
+        assert http.post(drain).status_code == 200  # nothing runs yet
         with stack.client() as client:
             submission = TaskSubmission(
                 task=task, harness=HarnessSpec(**shell_harness("ok")), num_samples=2
             )
             task_id = client.submit(submission).task_id
             shutil.rmtree(server_side)  # the node never had these paths; now nobody does
-            assert http.post("/nodes/node-a/drain?undo=true").status_code == 200
+            assert http.post(f"{drain}?undo=true").status_code == 200
             result = client.wait(task_id, timeout_s=180)
         stored = stack.rollout.store.task(task_id)
         assert stored is not None

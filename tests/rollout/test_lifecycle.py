@@ -226,7 +226,7 @@ def test_a_restarted_server_reports_sessions_whose_node_never_returns(
     session = only(result)
     assert session.status is SessionStatus.ERROR
     assert session.failure is FailureReason.NODE_LOST
-    assert session.error == "node node-a stopped answering"
+    assert session.error == f"node {stack.node_config.node_id} stopped answering"
     assert result.status is TaskStatus.COMPLETED and result.usable == 0
 
 

@@ -14,6 +14,7 @@ runs the same generation again, SIGKILLs it mid-run, reruns it, and compares.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import sqlite3
@@ -60,7 +61,11 @@ def expected_outcomes() -> dict[tuple[str, int], tuple[str, str | None]]:
 
 def generate_argv(engine_url: str, out: Path) -> list[str]:
     config = out.parent / f"{out.name}-service.yaml"
-    config.write_text(yaml.safe_dump({"node": {"gateway": {"capture": "token_in_token_out"}}}))
+    # The node's id is leased machine-wide: one per output (a resumed run reuses it).
+    node_id = f"generate-{hashlib.sha256(str(out).encode()).hexdigest()[:12]}"
+    config.write_text(
+        yaml.safe_dump({"node": {"node_id": node_id, "gateway": {"capture": "token_in_token_out"}}})
+    )
     tasks = [arg for task in PLAN for arg in ("--task", task)]
     return [
         *(sys.executable, "-m", "polar"),

@@ -83,6 +83,15 @@ elif mode == "give_up":
     chat("hello")
     print("turn limit reached", file=sys.stderr)
     sys.exit(3)
+elif mode == "gated":
+    # one call, then wait (at most ten minutes) for the test's go-ahead, then another
+    chat("first call")
+    open("started", "w").write("1")
+    deadline = time.monotonic() + 600
+    while not os.path.exists("go") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    chat("second call")
+    open("done", "w").write("1")
 elif mode == "twice":
     chat("first call")
     chat("second call")

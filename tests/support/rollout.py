@@ -9,6 +9,7 @@ harness CLIs from ``.cache/harness``; only the model is scripted.
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,8 @@ class RolloutStack:
         self.start_server()
         self.node_config = NodeConfig.model_validate(
             {
-                "node_id": "node-a",
+                # Unique: a node id is leased machine-wide (another test run may hold one).
+                "node_id": f"node-a-{uuid.uuid4().hex[:8]}",
                 "server_url": self.url,
                 "control_token": CONTROL_TOKEN,
                 "heartbeat_interval_s": 0.5,

@@ -67,7 +67,26 @@ def gateway(
         typer.Option(envvar="POLAR_ENGINE_API_KEY", help="Bearer token for the engine."),
     ] = None,
     engine_read_timeout_s: Annotated[
-        float | None, typer.Option(help="Longest engine silence mid-call, seconds (default: 900).")
+        float | None,
+        typer.Option(
+            help="Longest wait for the engine's reply to begin (its queue and prefill; for a "
+            "reply that is not streamed, the whole generation), seconds (default: 900). "
+            "Silence once a reply has begun is --engine-idle-timeout-s."
+        ),
+    ] = None,
+    engine_idle_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Longest engine silence once a streamed reply has begun, seconds (default: 60)."
+        ),
+    ] = None,
+    engine_max_model_len: Annotated[
+        int | None,
+        typer.Option(
+            help="The model's context length in tokens (default: what the engine's "
+            "GET /v1/models reports; without either, a call that asks for no output limit gets "
+            "the engine's own default, 16 tokens on vLLM's completions route)."
+        ),
     ] = None,
     engine_max_attempts: Annotated[
         int | None,
@@ -151,6 +170,8 @@ def gateway(
         engine__model=engine_model,
         engine__api_key=engine_api_key,
         engine__read_timeout_s=engine_read_timeout_s,
+        engine__idle_timeout_s=engine_idle_timeout_s,
+        engine__max_model_len=engine_max_model_len,
         engine__max_attempts=engine_max_attempts,
         render__tokenizer=str(render_tokenizer) if render_tokenizer else None,
         render__tool_format=render_tool_format,

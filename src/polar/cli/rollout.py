@@ -243,6 +243,7 @@ def _run(
     from polar.malloctune import pin_mmap_threshold
     from polar.rollout.deploy import serve as serve_both
     from polar.runtime.errors import UnsupportedSpec
+    from polar.runtime.lease import LeaseHeld
 
     configure_logging(level)
     pin_mmap_threshold()
@@ -250,6 +251,8 @@ def _run(
         asyncio.run(serve_both(server, node, level, ray=ray))
     except UnsupportedSpec as exc:
         fail(command, f"the node's sandboxes cannot be given their limits: {exc}")
+    except LeaseHeld as exc:
+        fail(command, str(exc))
     except OSError as exc:
         fail(command, f"cannot listen: {exc.strerror or exc}")
     except KeyboardInterrupt:

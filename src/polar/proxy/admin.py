@@ -21,7 +21,7 @@ from polar.ir.codec import record_to_json
 from polar.proxy.behaviour import SamplingPolicy
 from polar.proxy.errors import AuthenticationFailed, InvalidRequest, NotFound, ProxyError
 from polar.proxy.gateway import Gateway
-from polar.proxy.inbound import api_key_of, read_json_object, validate
+from polar.proxy.inbound import bearer_of, read_json_object, validate
 
 _MAX_ADMIN_BODY = 1 << 20
 
@@ -56,9 +56,16 @@ Handler = Callable[[Request, Gateway], Awaitable[Response]]
 def _admin(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         gateway: Gateway = request.app.state.gateway
-        given = api_key_of(request.headers) or ""
+        try:
+            given = bearer_of(request.headers.raw) or ""
+        except ProxyError as error:
+            return _error(error)
         if not hmac.compare_digest(given.encode(), gateway.config.admin_token.encode()):
-            return _error(AuthenticationFailed("admin endpoints need the admin token"))
+            return _error(
+                AuthenticationFailed(
+                    "admin endpoints need the admin token as 'Authorization: Bearer <token>'"
+                )
+            )
         try:
             return await handler(request, gateway)
         except ProxyError as error:

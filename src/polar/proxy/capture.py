@@ -51,14 +51,15 @@ from polar.proxy.behaviour import behaviour_of
 from polar.proxy.config import GatewayConfig
 from polar.proxy.engines.base import NO_HEADERS, ChatEngine, Headers, TokenEngine, TokenRequest
 from polar.proxy.engines.registry import CHAT_ENGINES, TOKEN_ENGINES, context_window, engine_factory
-from polar.proxy.errors import InvalidRequest
+from polar.proxy.errors import EngineError, InvalidRequest
 from polar.proxy.logtext import clip
-from polar.proxy.maxtokens import ContextWindow, limited
+from polar.proxy.maxtokens import ContextWindow, PromptTooLong, limited
 from polar.proxy.offload import Offload
 from polar.proxy.render.delivery import ParsedTurn, Redelivery, call_flags, withdrawn_flags
 from polar.proxy.render.parse import OutputParser, ParserOptions, Piece, ToolFormat
 from polar.proxy.render.splice import PromptPlan, Transcript, plan_prompt
 from polar.proxy.render.template import ChatTemplate
+from polar.proxy.render.tokenbound import TooManyTokens
 from polar.proxy.render.tokens import TokenText
 from polar.proxy.render.toolprompt import ToolPrompt
 from polar.tokenizer import TokenizerLoadError, load_tokenizer
@@ -87,8 +88,23 @@ class PreparedCall:
     """The sampling settings sent and what the engine's logprobs are of."""
 
 
+class PreflightFailed(Exception):
+    """The engine request a capture makes before the call itself failed: in
+    engine-rendered capture with a known context length, the engine's count of
+    the prompt (vLLM's ``/tokenize``), which the output limit needs. ``body`` is
+    what was sent; the relay records the attempt as failed with it and retries
+    it as it retries the call (:mod:`polar.proxy.relay`)."""
+
+    def __init__(self, error: EngineError, body: JsonObject) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.body = body
+
+
 class Capture(Protocol):
     mode: CaptureMode
+    context: ContextWindow
+    """The model's context length (asked of the engine when the gateway starts)."""
 
     @property
     def engine_name(self) -> str: ...
@@ -100,9 +116,11 @@ class Capture(Protocol):
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
     ) -> PreparedCall:
         """Build the engine call, with the output limit of :mod:`polar.proxy.maxtokens`
-        (nothing is sent until its events are iterated). Raises
+        (nothing is sent until its events are iterated, except the engine's count
+        of the prompt where the limit needs one). Raises
         :class:`~polar.proxy.errors.InvalidRequest` for a request that cannot be
-        rendered."""
+        rendered or whose prompt fills the context, :class:`PreflightFailed` when
+        the engine's count fails."""
         ...
 
     async def count_tokens(self, request: ChatRequest) -> int:
@@ -154,9 +172,14 @@ class EngineRendered:
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
     ) -> PreparedCall:
         _need_messages(request)  # as in token mode: the engine is not asked to render nothing
-        context = await self.context.length()
-        # The engine renders the prompt: only it can say how long it is.
-        prompt = await self.engine.count_tokens(request) if context is not None else 0
+        context = self.context.length
+        prompt = 0
+        if context is not None:
+            # The engine renders the prompt: only it can say how long it is.
+            try:
+                prompt = await self.engine.count_tokens(request, headers=headers)
+            except EngineError as exc:
+                raise PreflightFailed(exc, self.engine.count_body(request) or {}) from None
         request, edits = limited(
             request, prompt_tokens=prompt, context=context, default=self.context.default_max_tokens
         )
@@ -241,13 +264,25 @@ class GatewayRendered:
         _need_messages(request)
         # The worker reads a snapshot: the loop may add to the transcript meanwhile.
         snapshot = Transcript(calls=deque(transcript.calls, maxlen=transcript.calls.maxlen))
-        plan: PromptPlan = await self._offload.run(
-            request_size(request),
-            self._rendered,
-            functools.partial(plan_prompt, self.template),
-            request,
-            snapshot,
-        )
+        context = self.context.length
+        # A prompt that cannot leave a token to sample is refused as soon as that is
+        # known: a multi-megabyte one is never tokenized whole (render.tokenbound).
+        most = None if context is None else context - 1
+        try:
+            plan: PromptPlan = await self._offload.run(
+                request_size(request),
+                self._rendered,
+                functools.partial(plan_prompt, self.template, most=most),
+                request,
+                snapshot,
+            )
+        except TooManyTokens as exc:
+            raise PromptTooLong(
+                f"This model's maximum context length is {context} tokens, and the prompt "
+                f"alone takes at least {exc.at_least}: no room is left to generate. "
+                "Shorten the conversation.",
+                param="messages",
+            ) from None
         opt = self._parser
         tail = plan.tail_text
         in_reasoning = opt.reasoning and tail.rfind(opt.think_start) > tail.rfind(opt.think_end)
@@ -255,7 +290,7 @@ class GatewayRendered:
         request, edits = limited(
             request,
             prompt_tokens=len(plan.ids),
-            context=await self.context.length(),
+            context=context,
             default=self.context.default_max_tokens,
         )
         call = self.engine.prepare(

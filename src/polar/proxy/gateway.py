@@ -108,8 +108,11 @@ class Gateway:
         self.sessions.load(self.worker.owns if self.worker is not None else lambda _: True)
         # A restarted gateway stamps the version it last resumed with.
         self.gate.set_policy_version(self.store.policy_version())
+        # The engine's context length, asked now rather than on a call's path.
+        await self.capture.context.start()
 
     async def stop(self) -> None:
+        await self.capture.context.aclose()
         await self.capture.aclose()
         self.store.close()
         self.offload.close()
@@ -151,6 +154,7 @@ class Gateway:
                 "last_error": store.last_error,
             },
             "offload_bytes": self.offload.used_bytes,
+            "context": self.capture.context.health(),
         }
 
     def authenticate(self, api_key: str | None) -> Session:

@@ -14,6 +14,13 @@ Contract and cost: bytes leave in the order written, at most one loop turn
 later (the loop runs the flush before it next waits for I/O); ``close()``
 sends what is held first; ``abort()`` drops it, as the transport's own abort
 drops its buffer. A connection holds at most one turn's writes.
+
+uvicorn's httptools protocol also takes request heads of any size (a header
+of megabytes is buffered whole). :class:`GatewayHttpProtocol` answers a head
+(request line and header fields) over :data:`MAX_HEAD_BYTES` with ``431
+Request Header Fields Too Large`` and closes the connection: counted exactly
+as the fields are parsed, and, for a head that does not end, as its bytes
+arrive.
 """
 
 from __future__ import annotations
@@ -74,6 +81,18 @@ class CoalescingTransport:
 CONNECTION = "polar.connection"
 """Scope key of the :class:`GatewayHttpProtocol` serving a request."""
 
+MAX_HEAD_BYTES = 64 << 10
+"""The largest request head (request line and header fields) the gateway reads,
+bytes; the router of a gateway group and the sandbox relay take the same."""
+
+_READ_BYTES = 256 << 10
+"""The most one read hands the protocol (a head that has not ended may be
+counted with the end of the request before it, once)."""
+
+
+class _HeadTooLarge(Exception):
+    """Raised in a parser callback: the head is over :data:`MAX_HEAD_BYTES`."""
+
 
 class GatewayHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol on a :class:`CoalescingTransport`, which
@@ -83,11 +102,59 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._lost_callbacks: set[Callable[[], None]] = set()
         self._gone = False
+        self._in_head = True  # reading a request head (or waiting for one)
+        self._head_bytes = 0  # its request line and fields, as parsed
+        self._head_received = 0  # what arrived since it began, ended or not
+        self._head_too_large = False
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._in_head and not self._head_too_large:
+            self._head_received += len(data)
+            if self._head_received > MAX_HEAD_BYTES + _READ_BYTES:  # a head that never ends
+                self._head_too_large = True
+                self.send_400_response("")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.scope[CONNECTION] = self  # type: ignore[literal-required]
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head, self._head_bytes, self._head_received = True, 0, 0
+
+    def _count(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._head_too_large = True
+            raise _HeadTooLarge  # httptools stops; uvicorn calls send_400_response
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._head_too_large:
+            super().send_400_response(msg)
+            return
+        body = (
+            b'{"error": {"message": "the request head (request line and headers) is larger '
+            b'than %d bytes", "type": "request_header_fields_too_large"}}' % MAX_HEAD_BYTES
+        )
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        self.transport.close()
 
     def on_lost(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` once if the connection is lost; returns what stops that."""

@@ -14,7 +14,7 @@ and which limit; nothing else happens.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
@@ -28,23 +28,58 @@ from polar.proxy.errors import BodyTooLarge, InvalidRequest
 M = TypeVar("M", bound=BaseModel)
 
 
-def api_key_of(headers: Mapping[str, str], query: bytes = b"") -> str | None:
-    """The caller's key: ``Authorization: Bearer`` (OpenAI), ``x-api-key``
-    (Anthropic), ``x-goog-api-key`` or the query's ``key`` (Gemini), the first
-    of these given."""
-    auth = headers.get("authorization")
-    if auth:
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
-    for name in ("x-api-key", "x-goog-api-key"):
-        key = headers.get(name)
+RawHeaders = Iterable[tuple[bytes, bytes]]
+"""A request's header fields as its server parsed them, in order, names in lower
+case (ASGI's ``scope["headers"]``, Starlette's ``Headers.raw``)."""
+
+_CREDENTIALS = (b"authorization", b"x-api-key", b"x-goog-api-key")
+
+
+def credentials(raw: RawHeaders) -> dict[bytes, str]:
+    """The credential headers given (``Authorization``, ``x-api-key``,
+    ``x-goog-api-key``), by name. One sent twice is refused
+    (:class:`InvalidRequest`, 400): which one would count is a guess the gateway
+    does not make (it used to take the last)."""
+    found: dict[bytes, str] = {}
+    for name, value in raw:
+        if name in _CREDENTIALS:
+            if name in found:
+                raise InvalidRequest(
+                    f"the request has more than one '{name.decode()}' header: send one key, once"
+                )
+            found[name] = value.decode("latin-1")
+    return found
+
+
+def bearer_of(raw: RawHeaders) -> str | None:
+    """The token of ``Authorization: Bearer <token>`` (the admin API's only way)."""
+    return _bearer(credentials(raw).get(b"authorization"))
+
+
+def api_key_of(raw: RawHeaders, query: bytes = b"") -> str | None:
+    """A session's key: ``Authorization: Bearer`` (OpenAI), ``x-api-key``
+    (Anthropic), ``x-goog-api-key`` or the query's ``key`` (Gemini), the first of
+    these given."""
+    found = credentials(raw)
+    bearer = _bearer(found.get(b"authorization"))
+    if bearer is not None:
+        return bearer
+    for name in (b"x-api-key", b"x-goog-api-key"):
+        key = found.get(name)
         if key and key.strip():
             return key.strip()
     if b"key=" in query:
         for value in parse_qs(query.decode("latin-1")).get("key", ()):
             if value.strip():
                 return value.strip()
+    return None
+
+
+def _bearer(auth: str | None) -> str | None:
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
     return None
 
 

@@ -17,22 +17,31 @@ A limit the gateway set or changed is recorded on the call as a
 client's error (400), as the engine would answer.
 
 The context length comes from the configuration when it names one, else from
-the engine (``GET /v1/models``: vLLM and the embedded engine report
-``max_model_len``), asked once. Everything here but :class:`ContextWindow` is
-a pure function.
+the engine (``GET /v1/models``: vLLM, SGLang and the embedded engine report
+``max_model_len``), asked when the gateway starts, never on a call's path (see
+:class:`ContextWindow`). Everything here but :class:`ContextWindow` is a pure
+function.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from polar.ir import ChatRequest, EditKind, RequestEdit
-from polar.proxy.errors import EngineError, InvalidRequest
+from polar.proxy.errors import (
+    EngineError,
+    EngineHTTPError,
+    EngineTimeout,
+    EngineUnavailable,
+    InvalidRequest,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -124,11 +133,38 @@ def context_from_models(reply: Any, model: str) -> int | None:
     return value
 
 
-class ContextWindow:
-    """The model's context length: configured, or asked of the engine once.
+class ContextSource(StrEnum):
+    """Where the context length a gateway works with comes from."""
 
-    A failed question (engine not up yet, a reply without ``max_model_len``)
-    is asked again on a later call; meanwhile the length counts as unknown.
+    CONFIGURED = "configured"
+    """``engine.max_model_len``."""
+    ENGINE = "engine"
+    """The engine's ``GET /v1/models``."""
+    ASKING = "asking"
+    """Not known yet: the engine did not answer, and is asked again in the background."""
+    UNKNOWN = "unknown"
+    """The engine answered without one (no ``max_model_len``, no such route)."""
+
+
+UNKNOWN_WARNING = (
+    "no context length known: a call that asks for no output limit gets the engine's own "
+    "default (vLLM's completions route and the embedded engine: 16 tokens); set "
+    "engine.max_model_len (or engine.default_max_tokens)"
+)
+
+
+class ContextWindow:
+    """The model's context length: configured, or asked of the engine.
+
+    Contract: calls read the length known when they arrive (:attr:`length`);
+    they never wait for the engine's answer and never wait on each other. The
+    engine is asked when the gateway starts (:meth:`start`, one try bounded by
+    ``ask_timeout_s``). A try that does not get an answer (engine not up yet, a
+    5xx, a stall, a reset) is repeated in the background, ``retry_s`` apart and
+    doubling up to ``max_retry_s``, until one does; meanwhile the length is
+    unknown (:attr:`source` ``asking``). An answer without a length (no
+    ``max_model_len``, a 4xx, a reply the gateway cannot read) settles it as
+    unknown. Unknown is warned about at start and in ``/health`` (:meth:`health`).
     """
 
     def __init__(
@@ -137,27 +173,100 @@ class ContextWindow:
         fetch: Callable[[], Awaitable[int | None]] | None = None,
         *,
         default_max_tokens: int | None = None,
+        ask_timeout_s: float = 10.0,
+        retry_s: float = 1.0,
+        max_retry_s: float = 30.0,
     ) -> None:
         self._length = configured
-        self._fetch = fetch
-        self._settled = configured is not None or fetch is None
-        self._lock = asyncio.Lock()
+        self._fetch = fetch if configured is None else None
+        self.source = (
+            ContextSource.CONFIGURED
+            if configured is not None
+            else ContextSource.ASKING
+            if fetch is not None
+            else ContextSource.UNKNOWN
+        )
         self.default_max_tokens = default_max_tokens
+        self._ask_timeout_s = ask_timeout_s
+        self._retry_s = retry_s
+        self._max_retry_s = max_retry_s
+        self._asking: asyncio.Task[None] | None = None
+        self.asked = 0
+        """Questions asked of the engine so far."""
 
-    async def length(self) -> int | None:
-        if self._settled or self._fetch is None:
-            return self._length
-        async with self._lock:
-            if not self._settled:
-                try:
-                    self._length = await self._fetch()
-                except (EngineError, OSError) as exc:  # asked again next call
-                    _log.warning("cannot learn the model's context length: %s", exc)
-                else:
-                    self._settled = True
-                    if self._length is None:
-                        _log.warning(
-                            "the engine does not report its context length (max_model_len); "
-                            "set engine.max_model_len so calls without max_tokens get a limit"
-                        )
+    @property
+    def length(self) -> int | None:
+        """The context length known now (``None``: unknown)."""
         return self._length
+
+    async def start(self) -> None:
+        """Ask the engine once (bounded by ``ask_timeout_s``); without an answer, go on
+        asking in the background. Warns when the length is not known after the try."""
+        if self._fetch is None or self._asking is not None:
+            self._warn_unknown()
+            return
+        if not await self._try():
+            _log.warning(
+                "cannot learn the model's context length yet; asking the engine again in "
+                "the background. Until it answers, %s",
+                UNKNOWN_WARNING,
+            )
+            self._asking = asyncio.ensure_future(self._keep_asking())
+            return
+        self._warn_unknown()
+
+    async def aclose(self) -> None:
+        """Stop asking (the gateway stops)."""
+        if self._asking is not None:
+            self._asking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._asking
+
+    def health(self) -> dict[str, Any]:
+        """What ``/health`` shows: the length, its source, and the warning when unknown."""
+        known = self._length is not None
+        return {
+            "max_model_len": self._length,
+            "source": self.source.value,
+            **({} if known else {"warning": UNKNOWN_WARNING}),
+        }
+
+    async def _keep_asking(self) -> None:
+        wait = self._retry_s
+        while not await self._try():
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, self._max_retry_s)
+        if self._length is not None:
+            _log.info("the model's context length is %d tokens (the engine's)", self._length)
+        else:
+            self._warn_unknown()
+
+    async def _try(self) -> bool:
+        """One question to the engine; whether it was answered (the source is settled)."""
+        assert self._fetch is not None
+        self.asked += 1
+        try:
+            async with asyncio.timeout(self._ask_timeout_s):
+                length = await self._fetch()
+        except TimeoutError:
+            _log.debug("GET /v1/models: no answer within %.0f s", self._ask_timeout_s)
+            return False
+        except EngineError as exc:
+            transient = isinstance(exc, EngineUnavailable | EngineTimeout) or (
+                isinstance(exc, EngineHTTPError) and exc.upstream_status >= 500
+            )
+            if transient:
+                _log.debug("GET /v1/models failed: %s", exc.message[:300])
+                return False
+            _log.warning("GET /v1/models: %s", exc.message[:300])
+            length = None
+        except OSError as exc:
+            _log.debug("GET /v1/models failed: %s", exc)
+            return False
+        self._length = length
+        self.source = ContextSource.UNKNOWN if length is None else ContextSource.ENGINE
+        return True
+
+    def _warn_unknown(self) -> None:
+        if self._length is None and self.source is not ContextSource.ASKING:
+            _log.warning("%s", UNKNOWN_WARNING)

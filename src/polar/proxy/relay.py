@@ -10,6 +10,9 @@ client. The relay guarantees:
   partial output) or aborted (client went away, or its session ended); a
   gateway killed mid-call leaves the row for the next start to mark
   ``interrupted``;
+* an attempt whose engine request before the call failed (engine-rendered
+  capture's count of the prompt, :class:`~polar.proxy.capture.PreflightFailed`)
+  is recorded failed, with the request that failed, and retried like a call;
 * the outcome of a completed call is committed *before* the ``Finish`` event
   is yielded, so the dialect sends its final bytes only after the call is
   durable, and the outcome of a failed or aborted call before the error
@@ -62,7 +65,7 @@ from polar.ir import (
 )
 from polar.ir.tokenids import TokenRun, pack
 from polar.proxy.behaviour import SamplingRules
-from polar.proxy.capture import Capture, PreparedCall
+from polar.proxy.capture import Capture, PreflightFailed, PreparedCall
 from polar.proxy.engines.base import SESSION_HEADER
 from polar.proxy.errors import EngineError, EngineProtocolError, StoreUnavailable
 from polar.proxy.gate import Gate
@@ -291,16 +294,31 @@ class Relay:
         record: CompletionRecord,
         *,
         begin: bool = False,
+        whole: bool = False,
         prompt: bytes | None = None,
         ids: TokenRun | None = None,
     ) -> None:
+        """``begin``: the row of a call about to reach the engine; ``whole``: the
+        only write of an attempt (a failed preflight); else the outcome."""
         try:
             if begin:
                 await self._store.begin(record, prompt=prompt)
+            elif whole:
+                await self._store.append(record)
             else:
                 await self._store.finish(record, ids=ids)
         except StoreError as exc:
             raise StoreUnavailable(f"the gateway cannot record calls right now: {exc}") from None
+
+    async def _retrying(self, exc: EngineError, this: _Attempt, *, sent_any: bool) -> bool:
+        """Whether the failed attempt is tried again (after its backoff): a transient
+        failure before anything reached the client, with attempts left."""
+        if not (exc.retryable and not sent_any and this.attempt < self._max_attempts):
+            return False
+        _log.warning("call %s failed, retrying: %s", this.key, exc.message[:300])
+        if exc.backoff:
+            await asyncio.sleep(self._backoff * 2 ** (this.attempt - 1))
+        return True
 
     async def run(self, call: CallInput) -> AsyncGenerator[EngineEvent, None]:
         """Serve one call; yields the prompt ids once known (again for each
@@ -315,14 +333,34 @@ class Relay:
                 attempt = 0
                 while True:
                     attempt += 1
-                    prepared = await self.capture.prepare(
-                        call.request,
-                        transcript,
-                        headers={
-                            SESSION_HEADER: call.session.id,
-                            "x-request-id": f"{call.session.id}/{seq}.{attempt}",
-                        },
-                    )
+                    started = time.time()
+                    try:
+                        prepared = await self.capture.prepare(
+                            call.request,
+                            transcript,
+                            headers={
+                                SESSION_HEADER: call.session.id,
+                                "x-request-id": f"{call.session.id}/{seq}.{attempt}",
+                            },
+                        )
+                    except PreflightFailed as failed:
+                        exc = failed.error
+                        this = _Attempt(
+                            call=call,
+                            seq=seq,
+                            attempt=attempt,
+                            policy_version=policy_version,
+                            prepared=PreparedCall(body=failed.body, events=_no_events()),
+                            capture=self.capture,
+                            transcript=transcript,
+                            acc=Accumulator(),
+                            engine_started=started,
+                        )
+                        error = CallError(kind=exc.kind, message=exc.message, status=exc.status)
+                        await self._write(this.record(RecordStatus.FAILED, error=error), whole=True)
+                        if await self._retrying(exc, this, sent_any=False):
+                            continue
+                        raise exc from None
                     this = _Attempt(
                         call=call,
                         seq=seq,
@@ -370,12 +408,7 @@ class Relay:
                     except EngineError as exc:
                         error = CallError(kind=exc.kind, message=exc.message, status=exc.status)
                         await self._write(this.record(RecordStatus.FAILED, error=error))
-                        if exc.retryable and not sent_any and attempt < self._max_attempts:
-                            _log.warning(
-                                "call %s failed, retrying: %s", this.key, exc.message[:300]
-                            )
-                            if exc.backoff:
-                                await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
+                        if await self._retrying(exc, this, sent_any=sent_any):
                             continue
                         raise
                     except (asyncio.CancelledError, GeneratorExit):
@@ -407,6 +440,13 @@ class Relay:
                         with contextlib.suppress(StoreUnavailable):
                             await self._write(this.record(RecordStatus.FAILED, error=error))
                         raise
+
+
+async def _no_events() -> AsyncGenerator[EngineEvent, None]:
+    """The events of an attempt that never reached its call (never iterated)."""
+    none: tuple[EngineEvent, ...] = ()
+    for event in none:
+        yield event
 
 
 def _partial_usage(acc: Accumulator) -> Usage:

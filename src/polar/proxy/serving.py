@@ -138,7 +138,7 @@ async def serve(
     arrived = time.time()
     headers = headers_of(scope)
     try:
-        session = gateway.authenticate(api_key_of(headers, scope.get("query_string", b"")))
+        session = gateway.authenticate(api_key_of(scope["headers"], scope.get("query_string", b"")))
         body, chat = await read_request(receive, headers, codec, gateway, path_fields)
     except ProxyError as error:
         await send_body(send, error.status, codec.error_body(error))

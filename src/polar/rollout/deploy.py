@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from starlette.applications import Starlette
@@ -21,14 +21,16 @@ from polar.gctune import tune_for_serving
 from polar.proxy.app import create_app
 from polar.proxy.asgi import Router
 from polar.proxy.gateway import Gateway
+from polar.proxy.httpwire import GatewayHttpProtocol
 from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.lifecycle import RuntimeFactory
-from polar.rollout.node import Node, check_node
+from polar.rollout.node import Node, check_node, claim_node
 from polar.rollout.node_app import create_node_app, node_extension
 from polar.rollout.raynodes import RayConfig
 from polar.rollout.server import RolloutServer
 from polar.rollout.server_app import create_server_app
 from polar.runtime.base import GatewayAddress
+from polar.runtime.lease import Lease
 from polar.runtime.registry import create_runtime
 from polar.trajectory import BuildConfig, TurnFormat
 
@@ -78,13 +80,16 @@ def node_service(
     *,
     runtime_factory: RuntimeFactory = create_runtime,
     build: BuildConfig | None = None,
+    leases: list[Lease] | None = None,
 ) -> NodeService:
+    """``leases``: the node's leases, already taken (:func:`~polar.rollout.node.claim_node`)."""
     gateway = Gateway(config.gateway)
     node = Node(
         config,
         gateway,
         build or build_config_for(config.gateway.render.tokenizer),
         runtime_factory=runtime_factory,
+        leases=leases,
     )
     address: list[GatewayAddress] = []
 
@@ -107,7 +112,11 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn(app: Any, log_level: str, keepalive_s: int = 5) -> uvicorn.Server:
+def _uvicorn(
+    app: Any, log_level: str, keepalive_s: int = 5, *, gateway: bool = False
+) -> uvicorn.Server:
+    """``gateway``: served as ``polar gateway`` serves it (:mod:`polar.proxy.httpwire`:
+    writes of a loop turn coalesced, heads over its limit answered 431)."""
     return uvicorn.Server(
         uvicorn.Config(
             app,
@@ -117,6 +126,7 @@ def _uvicorn(app: Any, log_level: str, keepalive_s: int = 5) -> uvicorn.Server:
             access_log=False,
             timeout_graceful_shutdown=5,
             timeout_keep_alive=keepalive_s,
+            http=GatewayHttpProtocol if gateway else "auto",
         )
     )
 
@@ -148,14 +158,17 @@ async def serve(
             node_config = None
     if node_config is not None:
         check_node(node_config)
+        # Refused here, in one line, if a live node has its id or directories.
+        service = node_service(node_config, leases=claim_node(node_config))
         sock = listening_socket(node_config.gateway.host, node_config.gateway.port)
         control = listening_socket(node_config.control_host, node_config.control_port)
-        service = node_service(node_config)
         service.bind(*sock.getsockname()[:2])
         service.bind_control(*control.getsockname()[:2])
         # The API first: its server is up before the gateway's start-up starts the node.
         servers.append((_uvicorn(service.control_app, log_level), control))
-        servers.append((_uvicorn(service.app, log_level, node_config.gateway.keepalive_s), sock))
+        servers.append(
+            (_uvicorn(service.app, log_level, node_config.gateway.keepalive_s, gateway=True), sock)
+        )
         tune_for_serving(node_config.gateway.gc_young_threshold)
     elif server_config is not None:
         tune_for_serving()
@@ -192,9 +205,15 @@ class NodeThread:
         service.bind_control(*control)
         self.gateway_url = f"http://{gateway[0]}:{gateway[1]}"
         self.control_url = f"http://{control[0]}:{control[1]}"
+        protocols: tuple[tuple[Any, type[asyncio.Protocol] | Literal["auto"]], ...] = (
+            (service.app, GatewayHttpProtocol),  # as polar gateway serves it
+            (service.control_app, "auto"),
+        )
         self._servers = [
-            uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio"))
-            for app in (service.app, service.control_app)
+            uvicorn.Server(
+                uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio", http=http)
+            )
+            for app, http in protocols
         ]
         self._thread = threading.Thread(target=self._run, name="node", daemon=True)
         self._error: BaseException | None = None

@@ -42,6 +42,7 @@ from polar.rollout.protocol import (
 )
 from polar.runtime import cgroups, disk
 from polar.runtime.base import GatewayAddress, Mount, RuntimeSpec
+from polar.runtime.lease import Lease, LeaseHeld
 from polar.runtime.reap import reap
 from polar.runtime.registry import create_runtime
 from polar.trajectory import BuildConfig
@@ -100,6 +101,40 @@ def check_node(config: NodeConfig) -> None:
         )
 
 
+def node_leases(config: NodeConfig) -> tuple[str, ...]:
+    """What a node takes a lease on before it reaps or creates anything
+    (:mod:`polar.runtime.lease`): its id (the name of its cgroups, state
+    directories and containers), and the directories it clears at start or
+    writes alone (sessions, task files, records)."""
+    return (
+        f"node id {config.node_id}",
+        f"sessions_dir {config.sessions_dir.resolve()}",
+        f"files_dir {config.files_dir.resolve()}",
+        f"gateway.store.path {config.gateway.store.path.resolve()}",
+    )
+
+
+def claim_node(config: NodeConfig) -> list[Lease]:
+    """The node's leases; raises :class:`NodeConflict` (one line) when a live
+    process holds one of them."""
+    held: list[Lease] = []
+    try:
+        for what in node_leases(config):
+            held.append(Lease.take(what, f"node {config.node_id}"))
+    except LeaseHeld as exc:
+        for lease in held:
+            lease.release()
+        raise NodeConflict(
+            f"{exc}; every node on a machine needs its own node_id, sessions_dir, files_dir "
+            "and gateway.store.path"
+        ) from None
+    return held
+
+
+class NodeConflict(LeaseHeld):
+    """Another live node on this machine has this node's id or one of its directories."""
+
+
 class NotStarted(Exception):
     """The node's API answered before the node started."""
 
@@ -117,8 +152,12 @@ class Node:
         *,
         runtime_factory: RuntimeFactory = create_runtime,
         on_change: Callable[[NodeSession], None] | None = None,
+        leases: list[Lease] | None = None,
     ) -> None:
+        """``leases``: the node's leases, already taken (:func:`claim_node`); else
+        :meth:`claim` or :meth:`start` takes them."""
         self.config = config
+        self._leases = leases or []
         self.gateway = gateway
         self._build = build
         self._factory = runtime_factory
@@ -140,13 +179,22 @@ class Node:
             raise RuntimeError("the node is not started")
         return self._pipeline
 
+    def claim(self) -> None:
+        """Take the node's leases (:func:`claim_node`) unless it holds them: a node
+        whose id or directories a live process on this machine holds raises
+        :class:`NodeConflict` and touches nothing."""
+        if not self._leases:
+            self._leases = claim_node(self.config)
+
     async def start(self, address: GatewayAddress) -> None:
         """Start serving; ``address`` is where this node's gateway listens.
 
-        First removes what a killed instance of this node left (its containers,
-        cgroups, state directories, mounted session directories, and session
-        directories that were not kept on purpose)."""
+        First takes the node's leases (:meth:`claim`), then removes what a killed
+        instance of this node left (its containers, cgroups, state directories,
+        mounted session directories, and session directories that were not kept
+        on purpose): holding the leases proves that no live process owns them."""
         config = self.config
+        self.claim()
         await self._reap()
         self._pipeline = Pipeline(
             PipelineSettings(
@@ -231,6 +279,9 @@ class Node:
         self._loops.clear()
         if self._http is not None:
             await self._http.aclose()
+        for lease in self._leases:
+            lease.release()
+        self._leases = []
 
     # ---------------------------------------------------------------- sessions
 

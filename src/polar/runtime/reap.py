@@ -8,6 +8,11 @@ directories stay mounted. Everything a runtime creates carries its owner
 state directories, :func:`~polar.runtime.layout.owner_prefix`), so the owner,
 started again, calls :func:`reap` before it creates anything and removes
 exactly what it left: other owners' runtimes are never touched.
+
+What is named after an owner is a leftover only if no live process is that
+owner: :func:`reap` is called while holding the owner's lease (and the
+sessions directory's, :mod:`polar.runtime.lease`), which proves it. A second
+process started with a live owner's name gets no lease and reaps nothing.
 """
 
 from __future__ import annotations

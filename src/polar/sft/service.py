@@ -20,6 +20,7 @@ from pathlib import Path
 
 from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.deploy import NodeThread, node_service
+from polar.rollout.node import claim_node
 from polar.rollout.server import RolloutServer
 from polar.rollout.server_app import create_server_app
 from polar.runtime.reap import reap
@@ -64,17 +65,26 @@ def local_service(server: ServerConfig, node: NodeConfig, state: Path) -> Iterat
     """Start a rollout server and a node (state cleared first); stop both on exit."""
     server, node = service_configs(server, node, state)
     # A killed generator's node may have left mounted session directories (and
-    # containers, cgroups): release them, or the state cannot be cleared.
-    asyncio.run(reap(node.node_id, sessions_dir=node.sessions_dir))
-    shutil.rmtree(state, ignore_errors=True)
-    state.mkdir(parents=True, exist_ok=True)
+    # containers, cgroups): release them, or the state cannot be cleared; only
+    # under the node's leases (a live node with this id or state is refused).
+    leases = claim_node(node)
+    try:
+        asyncio.run(reap(node.node_id, sessions_dir=node.sessions_dir))
+        shutil.rmtree(state, ignore_errors=True)
+        state.mkdir(parents=True, exist_ok=True)
+    except BaseException:
+        for lease in leases:
+            lease.release()
+        raise
     with contextlib.ExitStack() as stack:
+        for lease in leases:  # released by the node when it stops; else here
+            stack.callback(lease.release)
         rollout = RolloutServer(server)
         server_thread = ServerThread(create_server_app(rollout), host=server.host)
         rollout.public_url = server_thread.url
         stack.enter_context(server_thread)
         node = node.model_copy(update={"server_url": server_thread.url})
-        service = node_service(node)
+        service = node_service(node, leases=leases)
         node_thread = NodeThread(service, host=node.gateway.host).start()
         stack.callback(node_thread.stop)
         yield ServiceAddress(server_thread.url, server.control_token)

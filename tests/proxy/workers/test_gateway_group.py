@@ -305,6 +305,32 @@ def test_the_router_refuses_ambiguous_framing_and_passes_chunked_bodies(group: G
     assert record.status is RecordStatus.COMPLETED
 
 
+def test_repeated_credentials_an_admin_key_in_x_api_key_and_big_heads_are_refused(
+    group: Group,
+) -> None:
+    """As a lone gateway refuses them: a repeated credential header is a 400 in the
+    dialect's shape (or the admin API's), the admin token only counts as a bearer,
+    a head over the limit is a 431."""
+    _, key = group.new_session(_ids(0, 1, "e")[0])
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    for path in ("/v1/chat/completions", "/v1/messages"):
+        reply = httpx.post(
+            f"{group.url}{path}",
+            headers=[("authorization", f"Bearer {key}"), ("authorization", "Bearer other")],
+            json=body,
+        )
+        assert reply.status_code == 400, reply.text
+        assert "more than one 'authorization' header" in reply.json()["error"]["message"]
+    twice = [("authorization", f"Bearer {ADMIN}")] * 2
+    assert httpx.get(f"{group.url}/admin/status", headers=twice).status_code == 400
+    in_x_api_key = httpx.get(f"{group.url}/admin/status", headers={"x-api-key": ADMIN})
+    assert in_x_api_key.status_code == 401, in_x_api_key.text
+    big = {"authorization": f"Bearer {key}", "x-padding": "p" * (200 << 10)}
+    reply = httpx.post(f"{group.url}/v1/chat/completions", headers=big, json=body)
+    assert reply.status_code == 431, reply.text[:300]
+    assert group.chat(key, [{"role": "user", "content": "still served"}]).status_code == 200
+
+
 def test_a_dead_worker_is_restarted_and_does_not_stop_the_other(group: Group) -> None:
     (alive,) = _ids(0, 1, "c")
     (victim,) = _ids(1, 1, "c")

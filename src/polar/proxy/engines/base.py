@@ -51,8 +51,14 @@ class ChatEngine(Protocol):
         session and record key)."""
         ...
 
-    async def count_tokens(self, request: ChatRequest) -> int:
-        """Prompt tokens the request would take, as the engine renders it."""
+    async def count_tokens(self, request: ChatRequest, *, headers: Headers = NO_HEADERS) -> int:
+        """Prompt tokens the request would take, as the engine renders it. Raises
+        :class:`~polar.proxy.errors.EngineError` when asking the engine fails."""
+        ...
+
+    def count_body(self, request: ChatRequest) -> JsonObject | None:
+        """The body :meth:`count_tokens` sends to the engine (``None``: it sends
+        none, an estimate): what the record of a count that failed holds."""
         ...
 
     async def aclose(self) -> None: ...

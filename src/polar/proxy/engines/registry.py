@@ -75,7 +75,8 @@ def engine_factory(kind: str, builtins: Mapping[str, object]) -> Callable[[Gatew
 
 
 def context_window(config: EngineConfig) -> ContextWindow:
-    """The configured context length, else the engine's ``max_model_len`` (asked once)."""
+    """The configured context length, else the engine's ``max_model_len``, asked when
+    the gateway starts and in the background until the engine answers."""
 
     async def fetch() -> int | None:
         transport = _one(config.model_copy(update={"max_connections": 1}), config.base_url)

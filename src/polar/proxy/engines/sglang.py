@@ -45,7 +45,10 @@ class SglangChatEngine(CompatChatEngine):
     name = "sglang"
     reasoning_field = "reasoning_content"
 
-    async def count_tokens(self, request: ChatRequest) -> int:
+    def count_body(self, request: ChatRequest) -> None:
+        return None  # counted here: nothing is sent
+
+    async def count_tokens(self, request: ChatRequest, *, headers: Headers = NO_HEADERS) -> int:
         """An estimate (about four characters a token): SGLang has no chat-template
         tokenize route; an exact count needs token-in/token-out capture."""
         body = self.chat_body(request)

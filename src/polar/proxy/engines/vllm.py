@@ -18,6 +18,7 @@ from polar.ir import (
     EngineEvent,
     Finish,
     FinishReason,
+    JsonObject,
     PromptTokens,
     TokenLogprob,
 )
@@ -47,6 +48,9 @@ from polar.proxy.engines.replies import (
 )
 from polar.proxy.errors import EngineProtocolError
 
+TOKENIZE_PATH = "/tokenize"
+"""vLLM's route that renders and counts a chat request's prompt."""
+
 
 class VllmChatEngine(CompatChatEngine):
     """Forwards chat requests to vLLM and reads back exact ids and logprobs."""
@@ -54,9 +58,9 @@ class VllmChatEngine(CompatChatEngine):
     name = "vllm"
     reasoning_field = "reasoning"
 
-    async def count_tokens(self, request: ChatRequest) -> int:
+    def count_body(self, request: ChatRequest) -> JsonObject:
         body = self.chat_body(request)
-        tokenize = {
+        tokenize: dict[str, Any] = {
             "model": self._model,
             "messages": body["messages"],
             "add_generation_prompt": True,
@@ -64,11 +68,16 @@ class VllmChatEngine(CompatChatEngine):
         for key in ("tools", "chat_template_kwargs"):
             if key in body:
                 tokenize[key] = body[key]
-        reply = await self._transport.post_json("/tokenize", tokenize, idempotent=True)
-        try:
-            return int(reply["count"])
-        except (KeyError, TypeError, ValueError):
-            raise EngineProtocolError("engine /tokenize reply has no count") from None
+        return tokenize
+
+    async def count_tokens(self, request: ChatRequest, *, headers: Headers = NO_HEADERS) -> int:
+        reply = await self._transport.post_json(
+            TOKENIZE_PATH, self.count_body(request), headers, idempotent=True
+        )
+        count = reply.get("count") if isinstance(reply, dict) else None
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise EngineProtocolError(f"engine {TOKENIZE_PATH} reply has no count")
+        return count
 
     def prepare(self, request: ChatRequest, *, headers: Headers = NO_HEADERS) -> EngineCall:
         body = self.chat_body(request)

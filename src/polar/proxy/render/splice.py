@@ -34,6 +34,7 @@ from polar.ir import (
 )
 from polar.ir.tokenids import WIDTH, TokenRun, common_prefix, pack, unpack
 from polar.proxy.render.template import ChatTemplate
+from polar.proxy.render.tokenbound import TooManyTokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,10 +286,15 @@ def plan_prompt(
     transcript: Transcript,
     *,
     kwargs: JsonObject,
+    most: int | None = None,
 ) -> PromptPlan:
+    """The prompt of a call: spliced onto the call it extends, else rendered whole.
+    ``most``: a prompt of more tokens raises
+    :class:`~polar.proxy.render.tokenbound.TooManyTokens` without being
+    tokenized whole."""
     base = extended_call(messages, transcript)
     if base is None:
-        ids, text = template.render(messages, tools, kwargs=kwargs)
+        ids, text = template.render(messages, tools, kwargs=kwargs, most=most)
         packed = pack(ids)
         return PromptPlan(
             ids=tuple(ids),
@@ -300,7 +306,13 @@ def plan_prompt(
     if len(base.full) == len(base.prompt) or base.full.last() != template.end_of_turn_id:
         # The turn was cut short (length limit): close it as the template would.
         glue = (template.end_of_turn_id,)
-    tail, text = template.continuation(messages, tools, len(base.messages), kwargs=kwargs)
+    room = None if most is None else most - len(base.full) - len(glue)
+    try:
+        tail, text = template.continuation(
+            messages, tools, len(base.messages), kwargs=kwargs, most=room
+        )
+    except TooManyTokens as exc:
+        raise TooManyTokens(len(base.full) + len(glue) + exc.at_least) from None
     head = base.full.packed()
     new = glue + tuple(tail)
     return PromptPlan(

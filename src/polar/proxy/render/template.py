@@ -215,13 +215,20 @@ class ChatTemplate:
         )
 
     def render(
-        self, messages: Sequence[Message], tools: Sequence[ToolSpec], *, kwargs: JsonObject
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        *,
+        kwargs: JsonObject,
+        most: int | None = None,
     ) -> tuple[list[int], str]:
-        """The whole prompt (with generation prompt): ids, and the text they encode."""
+        """The whole prompt (with generation prompt): ids, and the text they encode.
+        ``most``: more ids than this raise
+        :class:`~polar.proxy.render.tokenbound.TooManyTokens`, found out early."""
         text = self.render_text(
             [template_message(m) for m in messages], template_tools(tools), kwargs=kwargs
         )
-        return self.text.encode_prompt(text), text
+        return self.text.encode_prompt(text, most=most), text
 
     def continuation(
         self,
@@ -231,9 +238,11 @@ class ChatTemplate:
         *,
         kwargs: JsonObject,
         incremental: bool = True,
+        most: int | None = None,
     ) -> tuple[list[int], str]:
         """What the template emits after assistant message ``after``, up to and
-        including the generation prompt: ids, and their text.
+        including the generation prompt: ids, and their text (``most``: as for
+        :meth:`render`).
 
         Starts right after that turn's end-of-turn token (a special token, so
         the text tokenizes the same on its own as within the whole prompt).
@@ -267,7 +276,7 @@ class ChatTemplate:
             converted = [template_message(m) for m in messages]
             converted[after] = marker
             rest = self._after_marker(self.render_text(converted, rendered_tools, kwargs=kwargs))
-        return self.text.encode(rest), rest
+        return self.text.bound.encode(rest, most), rest
 
     def _after_marker(self, text: str) -> str:
         start = text.index(_MARKER)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from polar.ir.tokenids import pack, unpack
+from polar.proxy.render.tokenbound import TokenBound, TooManyTokens
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -83,6 +84,8 @@ class TokenText:
                     self._bytes[index] = bytes(table[c] for c in token)
         if verbatim and not self._cuts_hold(verbatim):
             self._cuts = None
+        self.bound = TokenBound(tokenizer, self._bytes, self.encode)
+        """Lower bounds on token counts (prompts that cannot fit, refused early)."""
 
     def _cuts_hold(self, verbatim: list[str]) -> bool:
         """Whether this tokenizer cuts at each of ``verbatim`` as assumed (one
@@ -132,8 +135,11 @@ class TokenText:
             return list(backend.encode_batch_fast([text], add_special_tokens=False)[0].ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def encode_prompt(self, text: str) -> list[int]:
-        """:meth:`encode`, remembering long stretches of text between added tokens.
+    def encode_prompt(self, text: str, *, most: int | None = None) -> list[int]:
+        """:meth:`encode`, remembering long stretches of text between added tokens;
+        with ``most``, raises :class:`~polar.proxy.render.tokenbound.TooManyTokens`
+        as soon as the ids are known to be more (:mod:`~polar.proxy.render.tokenbound`:
+        a text that cannot fit is never encoded whole).
 
         A rendered prompt is cut where added tokens (``<|im_start|>``, say)
         begin; a stretch of at least :data:`SEGMENT_CHARS` (a long system prompt,
@@ -144,28 +150,40 @@ class TokenText:
         on the whole text (the tokenizer itself cuts there first; a property
         test compares the two).
         """
+        if most is not None and (fewest := self.bound.fewest(text)) > most:
+            raise TooManyTokens(fewest)
         if self._cuts is None or len(text) < SEGMENT_CHARS:
-            return self.encode(text)
+            return self.bound.encode(text, most)
         ids: list[int] = []
+
+        def add(part: str, *, cached: bool) -> None:
+            room = None if most is None else most - len(ids)
+            try:
+                ids.extend(self._segment(part, room) if cached else self.bound.encode(part, room))
+            except TooManyTokens as exc:
+                raise TooManyTokens(len(ids) + exc.at_least) from None
+            if most is not None and len(ids) > most:  # a remembered segment
+                raise TooManyTokens(len(ids))
+
         pending = 0  # text[pending:start] is not encoded yet
         start = 0
         for cut in (*(m.start() for m in self._cuts.finditer(text)), len(text)):
             if cut - start >= SEGMENT_CHARS:
                 if pending < start:
-                    ids.extend(self.encode(text[pending:start]))
-                ids.extend(self._segment(text[start:cut]))
+                    add(text[pending:start], cached=False)
+                add(text[start:cut], cached=True)
                 pending = cut
             start = cut
         if pending < len(text):
-            ids.extend(self.encode(text[pending:]))
+            add(text[pending:], cached=False)
         return ids
 
-    def _segment(self, text: str) -> tuple[int, ...]:
+    def _segment(self, text: str, room: int | None = None) -> Sequence[int]:
         packed = self._segments.get(text)
         if packed is None:
-            ids = self.encode(text)
+            ids = self.bound.encode(text, room)
             self._segments.put(text, pack(ids))
-            return tuple(ids)
+            return ids
         return unpack(packed)
 
     def stream(self) -> TextStream:

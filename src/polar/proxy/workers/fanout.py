@@ -21,7 +21,8 @@ from urllib.parse import unquote
 import httpx
 import orjson
 
-from polar.proxy.inbound import api_key_of
+from polar.proxy.errors import ProxyError
+from polar.proxy.inbound import api_key_of, bearer_of
 from polar.proxy.sessions import hash_key
 from polar.proxy.workers.affinity import owner_of
 from polar.proxy.workers.router import RouteTable, WorkerLink
@@ -66,7 +67,13 @@ class Fanout:
     async def _answer(self, head: Head, body: bytes) -> Reply:
         path, method = head.path, head.method
         headers = {k: v for k, v in head.headers.items() if k not in _HOP}
-        admin = hmac.compare_digest((api_key_of(head.headers) or "").encode(), self._token)
+        try:
+            # The headers reach a worker as a mapping: a repeated key is refused here.
+            admin = hmac.compare_digest((bearer_of(head.fields) or "").encode(), self._token)
+            key = api_key_of(head.fields)
+        except ProxyError as error:
+            body = orjson.dumps({"error": {"message": error.message, "type": error.code}})
+            return error.status, "application/json", body
         if path == "/health" and method == "GET":
             return await self._health(head, headers)
         if path == "/admin/sessions" and method == "POST" and admin:
@@ -79,7 +86,7 @@ class Fanout:
             return reply
         if admin and (method, path) in _FANNED:
             return await self._fan(head, headers, body)
-        return await self.ask(self.table.route(api_key_of(head.headers)), head, headers, body)
+        return await self.ask(self.table.route(key), head, headers, body)
 
     async def ask(self, index: int, head: Head, headers: dict[str, str], body: bytes) -> Reply:
         """One worker's answer to the request (503 if it is down)."""

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import httptools
 import orjson
 
-from polar.proxy.errors import WorkerUnavailable
+from polar.proxy.errors import ProxyError, WorkerUnavailable
 from polar.proxy.inbound import api_key_of
 from polar.proxy.sessions import hash_key
 from polar.proxy.workers.affinity import owner_of
@@ -147,7 +147,7 @@ class Router:
                         writer.write(reply)
                         keep = head.keep_alive
                 except BadFraming as exc:
-                    writer.write(response(400, _plain(str(exc)), close=True))
+                    writer.write(response(exc.status, _plain(str(exc)), close=True))
                     return
                 except ClientGone:
                     return
@@ -196,8 +196,7 @@ class Router:
     ) -> bool:
         """Pass one call to its worker and its reply back; whether the client
         connection may carry another request."""
-        query = head.target.partition("?")[2].encode("latin-1")
-        index = self.table.route(api_key_of(head.headers, query))
+        index = self.table.route(_key(head))
         upstream = await self._upstream(index, upstreams, client)
         if upstream is None:
             error = WorkerUnavailable(
@@ -277,3 +276,12 @@ class _Ends:
 
 def _plain(message: str) -> bytes:
     return orjson.dumps({"error": {"message": message, "type": "invalid_request_error"}})
+
+
+def _key(head: Head) -> str | None:
+    """The session key that routes a call; none for a request that repeats a
+    credential header (worker 0 refuses it in the dialect's shape)."""
+    try:
+        return api_key_of(head.fields, head.target.partition("?")[2].encode("latin-1"))
+    except ProxyError:
+        return None

@@ -21,14 +21,22 @@ from polar.proxy.dialects.gemini.protocol import PATH_PREFIXES as GEMINI_PREFIXE
 from polar.proxy.dialects.gemini.translate import error_json as gemini_error
 from polar.proxy.dialects.openai_errors import error_json as openai_error
 from polar.proxy.errors import ProxyError
+from polar.proxy.httpwire import MAX_HEAD_BYTES
 
-MAX_HEAD = 64 << 10
-"""Largest request head (request line and headers), bytes."""
 _READ = 1 << 16
 
 
 class BadFraming(Exception):
     """The request cannot be framed without doubt; answered 400, connection closed."""
+
+    status = 400
+
+
+class HeadTooLarge(BadFraming):
+    """The request head is over :data:`~polar.proxy.httpwire.MAX_HEAD_BYTES`
+    (as a lone gateway answers it: 431, connection closed)."""
+
+    status = 431
 
 
 class ClientGone(Exception):
@@ -42,7 +50,10 @@ class Head:
     target: str
     path: str
     headers: dict[str, str]
-    """Lower-cased names; the last value wins (as the gateway's hot routes read them)."""
+    """Lower-cased names; the last value wins (for what is not a credential)."""
+    fields: tuple[tuple[bytes, bytes], ...]
+    """Every header field in order, names lower-cased (credentials are read from
+    these: a repeated one is refused, :func:`polar.proxy.inbound.credentials`)."""
     length: int | None
     chunked: bool
     keep_alive: bool
@@ -54,6 +65,7 @@ def parse_head(raw: bytes) -> Head:
     if len(parts) != 3 or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
         raise BadFraming("malformed request line")
     headers: dict[str, str] = {}
+    fields: list[tuple[bytes, bytes]] = []
     lengths: set[bytes] = set()
     codings: list[bytes] = []
     for line in lines[1:]:
@@ -62,6 +74,7 @@ def parse_head(raw: bytes) -> Head:
             raise BadFraming("malformed header line")
         key = name.decode("latin-1").lower()
         value = value.strip(b" \t")
+        fields.append((name.lower(), value))
         if key == "content-length":
             lengths.add(value)
         elif key == "transfer-encoding":
@@ -89,6 +102,7 @@ def parse_head(raw: bytes) -> Head:
         target=target,
         path=target.partition("?")[0],
         headers=headers,
+        fields=tuple(fields),
         length=length,
         chunked=bool(codings),
         keep_alive=keep_alive,
@@ -141,8 +155,8 @@ class Inbound:
                 raw = bytes(self.buf[: end + 4])
                 del self.buf[: end + 4]
                 return raw
-            if len(self.buf) > MAX_HEAD:
-                raise BadFraming(f"request head larger than {MAX_HEAD} bytes")
+            if len(self.buf) > MAX_HEAD_BYTES:
+                raise HeadTooLarge(f"request head larger than {MAX_HEAD_BYTES} bytes")
             start = max(0, len(self.buf) - 3)
             if not await self.fill():
                 if self.buf:

@@ -65,7 +65,7 @@ def hot_routes(gateway: Gateway) -> dict[tuple[str, str], ASGIApp]:
     async def count_tokens(scope: Scope, receive: Receive, send: Send) -> None:
         headers = headers_of(scope)
         try:
-            gateway.authenticate(api_key_of(headers))
+            gateway.authenticate(api_key_of(scope["headers"]))
             raw = await read_body(
                 receive, gateway.config.limits.max_body_bytes, headers.get("content-length")
             )

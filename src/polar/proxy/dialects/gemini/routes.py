@@ -127,7 +127,7 @@ async def _count_tokens(
     codec = GeminiCodec(stream=False)
     headers = headers_of(scope)
     try:
-        gateway.authenticate(api_key_of(headers, scope.get("query_string", b"")))
+        gateway.authenticate(api_key_of(scope["headers"], scope.get("query_string", b"")))
         raw = await read_body(
             receive, gateway.config.limits.max_body_bytes, headers.get("content-length")
         )

@@ -84,7 +84,7 @@ def hot_routes(gateway: Gateway) -> dict[tuple[str, str], ASGIApp]:
 def routes(gateway: Gateway) -> list[BaseRoute]:
     async def models(request: Request) -> Response:
         try:
-            gateway.authenticate(api_key_of(request.headers))
+            gateway.authenticate(api_key_of(request.headers.raw))
         except ProxyError as error:
             return Response(
                 orjson.dumps(error_json(error)),
