@@ -276,7 +276,8 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                 if hooks.on_group is not None:
                     hooks.on_group(state.step + 1, group)
                 staleness.append(lag)
-            feed.fill(served)  # the next groups generate while this one trains
+            if state.step + 1 < config.steps:
+                feed.fill(served)  # the next groups generate while this one trains
             waited = time.monotonic() - started
 
             # ---------------------------------------------------------- advantages

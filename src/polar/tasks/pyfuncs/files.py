@@ -35,8 +35,11 @@ EXAMPLES = "examples.py"
 CHECK = f"python {EXAMPLES}"
 """The command that runs a task's visible examples in its workspace."""
 EVALUATOR = EvaluatorSpec(
-    kind="pytest", config={"reward": "pass_fail", "timeout_s": 30}, timeout_s=120
+    kind="pytest", config={"reward": "fraction", "timeout_s": 30}, timeout_s=120
 )
+"""The fraction of hidden cases passed is the reward (one test per case), so GRPO
+sees a partly right function beside a wrong one; the task is solved
+(``resolved``, pass@1) only when every case passes."""
 
 _EXAMPLES = '''\
 """The visible examples of this task: `python examples.py` exits 0 when they all pass."""
