@@ -1,4 +1,4 @@
-"""The learning benchmark's task family (``benchmarks/learning.py``): the
+"""The learning benchmark's task family (``benchmarks/learning_toy.py``): the
 train/held-out split, the task rows, the scorer the evaluator runs, and the
 scripted expert. The benchmark itself is not run here (it takes minutes)."""
 
@@ -18,7 +18,7 @@ from support.paths import REPO
 
 
 def load_benchmark() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("learning", REPO / "benchmarks" / "learning.py")
+    spec = importlib.util.spec_from_file_location("learning", REPO / "benchmarks" / "learning_toy.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

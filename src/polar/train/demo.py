@@ -146,7 +146,9 @@ def run_demo(settings: DemoSettings, echo: Echo) -> DemoResult:
                     "sampling": sampling,
                 },
                 "weight_sync": stack.weight_sync(),
-                "optim": {"lr": settings.lr, "threads": 1},
+                # attention scores are kept for backward: 4,096 tokens a micro-batch
+                # keep a step within a few GB on this model
+                "optim": {"lr": settings.lr, "threads": 1, "micro_batch_tokens": 4096},
                 "log": {"progress": False},
                 "checkpoint": {"every": 0, "resume": "never"},
                 **settings.extra,
