@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from polar.distribution import Settings, support
 from polar.ir import Distribution
 from polar.ir.behaviour import MODEL
+from polar.precision import device_of
 from polar.train.batch import MicroBatch
 
 
@@ -64,7 +65,10 @@ def _chunk_logprobs(
 def token_logprobs(model: Any, batch: MicroBatch, *, chunk: int = 512) -> TokenLogprobs:
     """The logprobs of the batch's loss tokens, each under its own distribution."""
     hidden = model.get_decoder()(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,  # training: no KV cache (and packed traces need none)
     ).last_hidden_state  # [B, T, H]
     picked = hidden[batch.rows, batch.cols]  # [N, H]
     head = model.get_output_embeddings()
@@ -105,6 +109,7 @@ def sequence_logprobs(
     batch = MicroBatch(
         input_ids=input_ids,
         attention_mask=torch.ones_like(input_ids),
+        position_ids=torch.arange(len(ids)).unsqueeze(0),
         rows=torch.zeros(n, dtype=torch.long),
         cols=torch.arange(start - 1, len(ids) - 1, dtype=torch.long),
         targets=torch.tensor(list(ids[start:]), dtype=torch.long),
@@ -117,4 +122,4 @@ def sequence_logprobs(
         tokens=len(ids),
     )
     with torch.no_grad():
-        return [float(v) for v in token_logprobs(model, batch).values]
+        return [float(v) for v in token_logprobs(model, batch.to(device_of(model))).values]

@@ -17,6 +17,10 @@ Precision (:mod:`polar.precision`): the model's weights and the optimizer's
 state are float32; ``StepSettings.precision`` decides the forward passes'
 compute (``bfloat16``: under autocast), and backward and the optimizer step run
 outside it.
+
+Device: the step runs where the model's parameters are; every tensor of every
+microbatch is moved there (:meth:`polar.train.batch.MicroBatch.to`) before the
+first forward pass.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ class StepSettings:
     precision: Precision = Precision.FLOAT32
     """Forward passes under :func:`polar.precision.autocast`; the model's weights
     (and so the optimizer's state) are float32 whatever this is."""
+    packed: bool = False
+    """Traces end to end in each microbatch row, no padding
+    (:func:`polar.train.batch.microbatches`)."""
 
 
 class _Totals:
@@ -106,11 +113,19 @@ def train_step(
     parts = split_by_session(rows, settings.minibatches)
     if len(parts) > 1:
         parts = [reweighted(part, loss.aggregation) for part in parts]
-    packed = [
-        microbatches(part, max_tokens=settings.micro_batch_tokens, pad_id=settings.pad_id)
+    device = device_of(model)
+    packed = [  # every tensor of every microbatch on the model's device
+        [
+            mb.to(device)
+            for mb in microbatches(
+                part,
+                max_tokens=settings.micro_batch_tokens,
+                pad_id=settings.pad_id,
+                packed=settings.packed,
+            )
+        ]
         for part in parts
     ]
-    device = device_of(model)
     old: list[list[torch.Tensor | None]] = [[None] * len(mbs) for mbs in packed]
     if len(packed) > 1:
         with torch.no_grad(), autocast(settings.precision, device):
