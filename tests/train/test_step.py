@@ -15,6 +15,7 @@ from polar.precision import Precision, load_master
 from polar.train.batch import Row, advantages_of, group_from_result, microbatches, rows_of
 from polar.train.grpo import Aggregation, Baseline, MissingLogprob
 from polar.train.logprobs import sequence_logprobs, token_logprobs
+from polar.train.policy import PolicySettings, prepare
 from polar.train.step import LossSettings, StepSettings, train_step
 
 from support.training import sample, session_result, task_result
@@ -136,3 +137,24 @@ def test_a_packed_step_trains_as_a_padded_one(tiny_model: Path, tokenizer: Any) 
     assert packed["trainer/tokens"] == padded["trainer/tokens"]
     assert packed["trainer/grad_norm"] == pytest.approx(padded["trainer/grad_norm"], rel=1e-4)
     assert torch.allclose(w_packed, w_padded, atol=1e-6)
+
+
+def test_gradient_checkpointing_trains_as_without_it(tiny_model: Path, tokenizer: Any) -> None:
+    """``optim.gradient_checkpointing`` (through ``polar.train.policy.prepare``):
+    each decoder layer recomputed in backward, the same step."""
+    rows = on_policy_rows(load_master(tiny_model), tokenizer)
+    results = []
+    for checkpointing in (False, True):
+        settings = PolicySettings(
+            device=torch.device("cpu"),
+            precision=Precision.FLOAT32,
+            micro_batch_tokens=4096,
+            gradient_checkpointing=checkpointing,
+        )
+        model = prepare(load_master(tiny_model), settings)
+        assert model.is_activation_checkpointing is checkpointing
+        metrics, _ = one_step(model, rows, Precision.FLOAT32)
+        results.append((metrics, next(model.model.layers[0].parameters()).detach().clone()))
+    (plain, w_plain), (checkpointed, w_checkpointed) = results
+    assert checkpointed["trainer/grad_norm"] == pytest.approx(plain["trainer/grad_norm"], rel=1e-5)
+    assert torch.allclose(w_checkpointed, w_plain, atol=1e-7)

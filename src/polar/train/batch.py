@@ -288,6 +288,9 @@ class MicroBatch:
     versions: torch.Tensor
     sampling: Settings
     """Each loss token's sampling distribution (:mod:`polar.distribution`)."""
+    truncates: bool
+    """Whether any of them removes tokens (top-p, top-k, min-p), known here on
+    the host so that the step need not ask the device."""
     tokens: int
     """Real (unpadded) tokens in the forward pass."""
 
@@ -381,5 +384,6 @@ def _collate(lines: list[list[Row]], pad_id: int) -> MicroBatch:
         weights=torch.tensor(weight, dtype=torch.float64),
         versions=torch.tensor(version, dtype=torch.long),
         sampling=Settings.of(sampling),
+        truncates=any(d.truncated for d in sampling),
         tokens=sum(len(r.ids) for line in lines for r in line),
     )

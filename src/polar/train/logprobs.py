@@ -48,12 +48,13 @@ def _chunk_logprobs(
     top_p: torch.Tensor,
     top_k: torch.Tensor,
     min_p: torch.Tensor,
+    truncates: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits: torch.Tensor = head(hidden).float()  # [n, V]
     settings = Settings(temperature, top_p, top_k, min_p)
     scaled = logits / temperature.unsqueeze(1)
     outside = torch.zeros_like(targets, dtype=torch.bool)
-    if settings.truncates:
+    if truncates:  # known on the host: asking the tensors would wait for the GPU
         keep = support(scaled, settings)
         outside = ~keep.gather(1, targets.unsqueeze(1)).squeeze(1)
         keep.scatter_(1, targets.unsqueeze(1), True)  # finite logprob; weighted 0 later
@@ -84,6 +85,7 @@ def token_logprobs(model: Any, batch: MicroBatch, *, chunk: int = 512) -> TokenL
             s.top_p[part],
             s.top_k[part],
             s.min_p[part],
+            batch.truncates,
         )
         if torch.is_grad_enabled():
             value, out = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
@@ -119,6 +121,7 @@ def sequence_logprobs(
         weights=torch.zeros(n, dtype=torch.float64),
         versions=torch.zeros(n, dtype=torch.long),
         sampling=Settings.of([sampling] * n),
+        truncates=sampling.truncated,
         tokens=len(ids),
     )
     with torch.no_grad():
