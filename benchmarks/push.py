@@ -20,7 +20,11 @@ printed:
   which widens them);
 - ``lora-r16``: a LoRA run's push, adapters on every linear layer.
 
-One torch thread, as the engine runs with ``--threads 1`` on two shared cores.
+Versions are kept as a run keeps them (the newest two). One torch thread, as
+the engine runs with ``--threads 1`` on two shared cores. On a machine with
+memory to spare a file written to disk sits in the page cache until it is
+written back, so a short run sees little of the disk: the difference
+``/dev/shm`` makes shows under sustained pushes of large models.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from polar.tinymodel import build_tiny_model
 from polar.train.config import LoraSettings
 from polar.train.lora import add_adapters
 from polar.train.reload import EmbeddedReload
-from polar.train.weights import SHARED_MEMORY, WeightFormat, save_weights
+from polar.train.weights import SHARED_MEMORY, WeightFormat, prune_weights, save_weights
 from polar.train.weightsync import WeightSync
 
 SMOLLM2 = Path(".cache/models/smollm2-135m-instruct")
@@ -88,7 +92,7 @@ def measure(
         loads.append(time.perf_counter() - written)
         saves.append(written - started)
         sizes.append(sum(f.stat().st_size for f in path.iterdir()))
-        shutil.rmtree(path)
+        prune_weights(directory, keep=2)  # as a run keeps them (weight_sync.keep)
     shutil.rmtree(directory, ignore_errors=True)
     save_s, load_s = statistics.median(saves), statistics.median(loads)
     return {

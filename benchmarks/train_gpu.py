@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import random
 import statistics
 import sys
@@ -129,14 +130,15 @@ def build_model(shape: str, device: torch.device) -> Any:
 
 
 def synthetic_rows(args: argparse.Namespace) -> list[Any]:
-    """Groups of sessions with rewards 0 or 1 (advantages of both signs), token-mean weights."""
+    """Groups of sessions rewarded 0 and 1 in turn (advantages of both signs),
+    random token ids and rollout logprobs, token-mean weights."""
     from polar.train.batch import Row
 
     rng = random.Random(0)
     total = args.groups * args.group_size * args.response
     rows = []
     for g in range(args.groups):
-        rewards = [float(rng.random() < 0.5) for _ in range(args.group_size)]
+        rewards = [float(s % 2) for s in range(args.group_size)]
         mean = sum(rewards) / len(rewards)
         for s in range(args.group_size):
             rows.append(
@@ -147,7 +149,10 @@ def synthetic_rows(args: argparse.Namespace) -> list[Any]:
                     ),
                     start=args.prompt,
                     loss_mask=(1,) * args.response,
-                    rollout_logprobs=tuple(-abs(rng.gauss(1.0, 0.5)) for _ in range(args.response)),
+                    # about a random model's own (log 1/V): importance weights near 1
+                    rollout_logprobs=tuple(
+                        -math.log(VOCAB) + rng.gauss(0.0, 0.1) for _ in range(args.response)
+                    ),
                     logprob_mask=(1,) * args.response,
                     advantage=rewards[s] - mean,
                     weight=1.0 / total,
@@ -276,7 +281,7 @@ def train(args: argparse.Namespace, device: torch.device) -> Any:
         tokens,
         shape.parameters,
         flops,
-        grad_norm=round(result["trainer/grad_norm"], 4),
+        grad_norm=float(f"{result['trainer/grad_norm']:.4g}"),
     )
 
     if not args.no_baseline:

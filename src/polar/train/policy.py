@@ -38,7 +38,14 @@ def prepare(model: Any, settings: PolicySettings) -> Any:
     """``model`` (float32, on the CPU) made ready to train on ``settings.device``;
     :class:`polar.train.memory.MemoryTooSmall` before anything moves if it cannot fit."""
     if settings.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5.23 renamed it (the old name warns); older 5.x have only the old one
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is None:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        else:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     if settings.lora is not None and not is_adapted(model):
         model = add_adapters(model, settings.lora)
