@@ -62,7 +62,7 @@ def test_without_checkpointing_the_error_says_to_turn_it_on() -> None:
 
 def test_then_fewer_tokens_per_microbatch_then_lora() -> None:
     tight = int(72.5 * GIB)
-    with pytest.raises(MemoryTooSmall, match="lower optim.micro_batch_tokens to 8192"):
+    with pytest.raises(MemoryTooSmall, match=r"lower optim\.micro_batch_tokens to 8192"):
         check_fits(QWEN3_4B, settings(), capacity=tight, device="cuda:0", lora=False)
     with pytest.raises(
         MemoryTooSmall, match=r"set optim.gradient_checkpointing: true and lower optim.micro"

@@ -428,7 +428,7 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
         feed.close()
         sync.close()
         log.close()
-        if weights_dir.parent == SHARED_MEMORY:
+        if config.weight_sync.directory is None and weights_dir.parent == SHARED_MEMORY:
             shutil.rmtree(weights_dir, ignore_errors=True)  # memory, not disk: give it back
     result.steps = state.step
     result.policy_version = state.policy_version
