@@ -17,7 +17,9 @@ step, as in ``shared/gpu/README.md``). Measured, one JSON line each:
   under bfloat16 autocast on a GPU, micro-batches of ``--micro-batch-tokens``,
   logprobs only at the loss positions, fused AdamW): tokens/s, step seconds,
   peak GPU memory, model FLOP utilisation (6 x parameters x tokens / seconds,
-  against the GPU's dense bfloat16 peak when known) and the estimate;
+  against the GPU's dense bfloat16 peak when known, as ``shared/gpu/README.md``
+  counts it: recomputation not counted, and with LoRA an overstatement, since
+  frozen weights get no gradient) and the memory estimate;
 - ``plain``: plain PyTorch on the very same micro-batches and model, full
   logits, the same objective (ratio x advantage, token weights), the same
   precision and optimizer;

@@ -139,6 +139,51 @@ def test_a_batch_sampled_at_once_draws_what_each_row_draws_alone() -> None:
     assert raw[0][1] == pytest.approx(float(torch.log_softmax(logits[0], -1)[raw[0][0]]))
 
 
+def _served_together(
+    model_dir: Path, requests: list[SamplingParams], *, batched: bool
+) -> list[list[tuple[int | None, float | None]]]:
+    """Each request's (token, logprob) steps, all submitted at once to one engine."""
+    engine = ModelRunner(model_dir, max_batch=4, batch_sampling=batched)
+    steps: list[list[Step]] = [[] for _ in requests]
+    done = threading.Semaphore(0)
+
+    def emit(row: int, step: Step) -> None:
+        steps[row].append(step)
+        if step.finish is not None:
+            done.release()
+
+    try:
+        assert engine.batch_sampling is batched
+        engine.submit_many(
+            [
+                Job(prompt=PROMPT, params=p, emit=lambda s, r=row: emit(r, s))
+                for row, p in enumerate(requests)
+            ]
+        )
+        for _ in requests:
+            assert done.acquire(timeout=60)
+    finally:
+        engine.close()
+    return [[(s.token_id, s.logprob) for s in row] for row in steps]
+
+
+def test_an_engine_sampling_batches_at_once_serves_what_one_sampling_rows_serves(
+    model_dir: Path,
+) -> None:
+    """The GPU's way of sampling, run here on the CPU inside the engine: seeded and
+    greedy requests batched together get the tokens and logprobs the CPU's way gives."""
+    requests = [
+        SamplingParams(max_tokens=8, seed=5),
+        SamplingParams(max_tokens=8, temperature=0.7, top_p=0.9, seed=6),
+        SamplingParams(max_tokens=8, temperature=0),
+    ]
+    one_by_one = _served_together(model_dir, requests, batched=False)
+    at_once = _served_together(model_dir, requests, batched=True)
+    for alone, together in zip(one_by_one, at_once, strict=True):
+        assert [t for t, _ in together] == [t for t, _ in alone]
+        assert [lp for _, lp in together] == pytest.approx([lp for _, lp in alone], abs=1e-5)
+
+
 def test_logprobs_are_the_models_own(runner: ModelRunner) -> None:
     steps = generate(runner, PROMPT, SamplingParams(max_tokens=12, seed=3))
     ids = [s.token_id for s in steps if s.token_id is not None]

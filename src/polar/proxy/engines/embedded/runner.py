@@ -182,9 +182,12 @@ class ModelRunner:
         prefill_chunk: int = 1024,
         max_memory_bytes: int = 4 << 30,
         device: torch.device | str = "cpu",
+        batch_sampling: bool | None = None,
     ) -> None:
         """``device``: where the model runs (resolved, see :mod:`polar.device`);
-        float32 on the CPU, bfloat16 on a GPU."""
+        float32 on the CPU, bfloat16 on a GPU. ``batch_sampling``: sample a decode
+        step's rows at once (:func:`sample_rows`) rather than one by one
+        (:func:`sample`); default: on a GPU only."""
         if prefill_chunk < 1:
             raise ValueError("prefill_chunk must be at least 1")
         from transformers import AutoModelForCausalLM
@@ -194,6 +197,9 @@ class ModelRunner:
         self.model_dir = model_dir
         self.device = torch.device(device)
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.batch_sampling = (
+            self.device.type != "cpu" if batch_sampling is None else batch_sampling
+        )
         model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype)
         self.model = model.to(self.device)
         self.model.train(False)  # inference mode: no dropout
@@ -403,9 +409,9 @@ class ModelRunner:
             logits = out.logits[:, -1, :]
 
     def _draw(self, batch: list[Job], logits: torch.Tensor) -> list[tuple[int, float]] | None:
-        """Every row's token at once on a GPU (:func:`sample_rows`); None on the CPU,
-        which samples row by row."""
-        if self.device.type == "cpu":
+        """Every row's token at once (:func:`sample_rows`), or None where rows are
+        sampled one by one (the CPU's default)."""
+        if not self.batch_sampling:
             return None
         return sample_rows(
             logits,
