@@ -18,7 +18,9 @@ from support.paths import REPO
 
 
 def load_benchmark() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("learning", REPO / "benchmarks" / "learning_toy.py")
+    spec = importlib.util.spec_from_file_location(
+        "learning", REPO / "benchmarks" / "learning_toy.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
+import torch
 
 from polar.proxy.engines.vllm_process import free_port
 
@@ -39,6 +41,25 @@ def test_engine_serve_without_a_model_is_a_one_line_error(tmp_path: Path) -> Non
     assert result.returncode == 2
     assert result.stderr.strip().startswith("polar engine serve: error: no model in")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("gpu", "--device: 'gpu' is not a device: use auto, cpu, cuda or cuda:N"),
+        ("cuda:0", "device cuda:0: torch sees no CUDA GPU on this machine (use auto or cpu)"),
+    ],
+)
+def test_engine_serve_on_a_device_that_is_not_there_is_a_one_line_error(
+    tmp_path: Path, device: str, message: str
+) -> None:
+    if torch.cuda.is_available() and device != "gpu":
+        pytest.skip("this machine has a GPU")
+    out = tmp_path / "tiny"
+    assert polar("model", "init", "--out", str(out)).returncode == 0
+    result = polar("engine", "serve", "--model", str(out), "--device", device)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"polar engine serve: error: {message}"
 
 
 def test_engine_serve_serves_completions(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from polar.configfile import ConfigError
 from polar.train.config import load_train_config
@@ -48,13 +49,20 @@ BAD = [
     (("steps: 2", "steps: 2\ngrpo: {clip_low: 1.5}"), "grpo.clip_low"),
     (("steps: 2", "steps: 2\nlearning_rate: 1"), "learning_rate"),
     (('"http://127.0.0.1:9", admin', '"127.0.0.1:9", admin'), "weight_sync.gateways.0.url"),
+    (("steps: 2", "steps: 2\ndevice: gpu"), "device"),
+    (("steps: 2", "steps: 2\noptim: {packing: yes}"), "optim.packing"),
+    (("steps: 2", "steps: 2\nlora: {r: 0}"), "lora.r"),
+    (("kind: embedded", "kind: sglang"), "lora: adapters are pushed to embedded and vLLM"),
 ]
 
 
 @pytest.mark.parametrize(("edit", "field"), BAD)
 def test_a_bad_config_names_the_field(tmp_path: Path, edit: tuple[str, str], field: str) -> None:
     config = tmp_path / "train.yaml"
-    config.write_text(GOOD.format(model=tmp_path).replace(*edit))
+    text = GOOD.format(model=tmp_path).replace(*edit)
+    if "sglang" in edit[1]:
+        text += "lora: {r: 8}\n"
+    config.write_text(text)
     with pytest.raises(ConfigError) as caught:
         load_train_config(config)
     (line,) = str(caught.value).splitlines()
@@ -78,3 +86,18 @@ def test_an_unreachable_gateway_stops_the_run_at_start(tmp_path: Path) -> None:
     config.write_text(GOOD.format(model=tmp_path) + f"output_dir: {tmp_path / 'run'}\n")
     with pytest.raises(WeightSyncError, match=r"^gateway at http://127.0.0.1:9: GET /admin/status"):
         train(load_train_config(config))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a GPU-less machine")
+def test_polar_train_on_a_gpu_that_is_not_there_says_so_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "train.yaml"
+    config.write_text(GOOD.format(model=tmp_path) + f"output_dir: {tmp_path / 'run'}\n")
+    result = polar("train", str(config), "--device", "cuda:1")
+    assert result.returncode == 1, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line == (
+        "polar train: error: device cuda:1: torch sees no CUDA GPU on this machine "
+        "(use auto or cpu)"
+    )

@@ -7,9 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from polar.distribution import Settings
+from polar.ir import Distribution
 from polar.rollout.failure import FailureReason
 from polar.rollout.protocol import SessionStatus, TaskResult
 from polar.train.batch import (
+    MicroBatch,
+    Row,
     advantages_of,
     group_from_result,
     microbatches,
@@ -240,3 +244,64 @@ def test_microbatches_index_the_logits_that_predict_each_trained_token() -> None
     assert torch.equal(
         microbatches(rows, max_tokens=5, pad_id=0)[1].input_ids, torch.tensor([[20, 21]])
     )
+
+
+def _rows(*lengths: int) -> list[Row]:
+    """Rows of one trained response token after ``n - 1`` prompt tokens each."""
+    return [
+        Row(
+            session=f"s{i}",
+            ids=tuple(range(100 * i, 100 * i + n)),
+            start=n - 1,
+            loss_mask=(1,),
+            rollout_logprobs=(-0.5,),
+            logprob_mask=(1,),
+            advantage=1.0,
+            weight=0.25,
+            policy_version=3,
+            sampling=Distribution(0.7, 0.9, 20, 0.0),
+        )
+        for i, n in enumerate(lengths)
+    ]
+
+
+def test_a_microbatch_moves_every_tensor_to_the_device_sampling_settings_included() -> None:
+    """On the ``meta`` device, which this CPU has: each tensor field, found by
+    walking the dataclass, so a field added later is checked too."""
+    for packed in (False, True):
+        (mb,) = microbatches(_rows(3, 2), max_tokens=100, pad_id=0, packed=packed)
+        moved = mb.to(torch.device("meta"))
+        tensors = {
+            name: getattr(moved, name)
+            for name in MicroBatch.__dataclass_fields__
+            if isinstance(getattr(moved, name), torch.Tensor)
+        }
+        tensors |= {
+            f"sampling.{name}": getattr(moved.sampling, name)
+            for name in Settings.__dataclass_fields__
+        }
+        assert len(tensors) == (11 if packed else 12) + 4 - 1  # no attention mask when packed
+        assert {name: t.device.type for name, t in tensors.items()} == dict.fromkeys(
+            tensors, "meta"
+        )
+        assert moved.tokens == mb.tokens == 5
+
+
+def test_packed_microbatches_put_traces_end_to_end_without_padding() -> None:
+    rows = _rows(3, 2, 4)
+    mbs = microbatches(rows, max_tokens=7, pad_id=0, packed=True)
+    # first fit, longest first: [4, 3] fills 7; [2] opens a second pass
+    assert [mb.input_ids.tolist() for mb in mbs] == [
+        [[200, 201, 202, 203, 0, 1, 2]],
+        [[100, 101]],
+    ]
+    first = mbs[0]
+    assert first.attention_mask is None
+    assert first.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2]]
+    # each trace's last token is trained, predicted from the position before it
+    assert first.cols.tolist() == [2, 5] and first.targets.tolist() == [203, 2]
+    assert first.tokens == 7
+    # the same rows padded: [4] alone, then [3, 2] padded to 3 (one position wasted)
+    padded = microbatches(rows, max_tokens=7, pad_id=0)
+    assert [mb.input_ids.numel() for mb in padded] == [4, 6]
+    assert [mb.tokens for mb in padded] == [4, 5]

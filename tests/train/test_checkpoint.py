@@ -3,6 +3,7 @@ counters, optimizer and scheduler state, and model weights."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,83 @@ def test_a_broken_checkpoint_is_named(tmp_path: Path) -> None:
     optimizer, scheduler = _optimizer(model)
     with pytest.raises(CheckpointError, match="not a readable checkpoint"):
         restore(tmp_path, optimizer, scheduler)
+
+
+class _OnGpu:
+    """While active, ``torch.save`` tags every storage it writes ``cuda:0``, as a
+    run on a GPU writes them (torch's public ``register_package``: a tagger tried
+    before the CPU's; its deserializer defers to torch's own)."""
+
+    active = False
+
+    @classmethod
+    def tag(cls, storage: object) -> str | None:
+        return "cuda:0" if cls.active else None
+
+
+torch.serialization.register_package(1, _OnGpu.tag, lambda storage, location: None)
+
+
+def _stepped() -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer, scheduler = _optimizer(model)
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    return model, optimizer, scheduler
+
+
+def _save(
+    root: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: object,
+    tiny_model: Path,
+) -> Path:
+    class _Saves(torch.nn.Module):  # save_pretrained's part of a Hugging Face model
+        def save_pretrained(self, path: str) -> None:
+            Path(path).mkdir()
+
+    return save_checkpoint(
+        root, TrainState(step=1), _Saves(), optimizer, scheduler, tokenizer_dir=tiny_model, keep=1
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a GPU-less machine")
+def test_a_checkpoint_written_on_a_gpu_resumes_on_the_cpu(tmp_path: Path, tiny_model: Path) -> None:
+    model, optimizer, scheduler = _stepped()
+    _OnGpu.active = True
+    try:
+        path = _save(tmp_path, model, optimizer, scheduler, tiny_model)
+    finally:
+        _OnGpu.active = False
+    info = json.loads((path / "state.json").read_text())
+    (path / "state.json").write_text(json.dumps(info | {"cuda_rng": [[0] * 16]}))
+    # as written on a GPU: torch cannot load it here without being told where
+    with pytest.raises(RuntimeError, match="CUDA"):
+        torch.load(path / "optimizer.pt", weights_only=True)
+
+    _, optimizer2, scheduler2 = _stepped()
+    restore(path, optimizer2, scheduler2)
+    saved, loaded = optimizer.state_dict()["state"], optimizer2.state_dict()["state"]
+    for key in saved:
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert loaded[key][name].device.type == "cpu"
+            assert torch.equal(saved[key][name], loaded[key][name])
+
+
+def test_a_checkpoint_resumes_on_the_device_of_the_parameters(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """A CPU checkpoint resumed by a run whose parameters are elsewhere (``meta``,
+    the device this CPU has besides its own) puts the optimizer state there."""
+    model, optimizer, scheduler = _stepped()
+    path = _save(tmp_path, model, optimizer, scheduler, tiny_model)
+    elsewhere = torch.nn.Linear(4, 3, device="meta")
+    optimizer2, scheduler2 = _optimizer(elsewhere)
+    restore(path, optimizer2, scheduler2)
+    state = optimizer2.state_dict()["state"]
+    assert state and {
+        t.device.type for s in state.values() for k, t in s.items() if k != "step"
+    } == {"meta"}

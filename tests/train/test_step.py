@@ -4,15 +4,18 @@ bfloat16 when asked (:mod:`polar.precision`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from polar.precision import Precision, load_master
-from polar.train.batch import Row, advantages_of, group_from_result, rows_of
+from polar.train.batch import Row, advantages_of, group_from_result, microbatches, rows_of
 from polar.train.grpo import Aggregation, Baseline, MissingLogprob
-from polar.train.logprobs import sequence_logprobs
+from polar.train.logprobs import sequence_logprobs, token_logprobs
+from polar.train.policy import PolicySettings, prepare
 from polar.train.step import LossSettings, StepSettings, train_step
 
 from support.training import sample, session_result, task_result
@@ -91,3 +94,67 @@ def test_a_bfloat16_step_at_lr_1e_5_changes_every_weight_that_received_a_gradien
     one_step(pure, rows, Precision.FLOAT32)
     watch.close()
     assert watch.changed_where_received(pure) < 0.5
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_traces_get_the_logprobs_they_get_padded(
+    tiny_model: Path, tokenizer: Any, attention: str
+) -> None:
+    """Traces of different lengths end to end in one row attend only within
+    themselves: every trained token's logprob equals the padded batch's."""
+    model = load_master(tiny_model)
+    model.config._attn_implementation = attention
+    rows = on_policy_rows(model, tokenizer)
+    rows = [*rows, replace(rows[0], session="s2", ids=rows[0].ids[3:], start=rows[0].start - 3)]
+    padded = microbatches(rows, max_tokens=4096, pad_id=0)
+    packed = microbatches(rows, max_tokens=4096, pad_id=0, packed=True)
+    assert len(padded) == len(packed) == 1 and packed[0].input_ids.shape[0] == 1
+    assert packed[0].input_ids.numel() == packed[0].tokens < padded[0].input_ids.numel()
+    with torch.no_grad():
+        values = {
+            name: token_logprobs(model, mb).values
+            for name, (mb,) in (("padded", padded), ("packed", packed))
+        }
+    assert values["packed"].shape == values["padded"].shape
+    # the same tokens, in the same order (rows are laid out longest first in both)
+    assert torch.equal(packed[0].targets, padded[0].targets)
+    assert torch.allclose(values["packed"], values["padded"], atol=1e-5)
+
+
+def test_a_packed_step_trains_as_a_padded_one(tiny_model: Path, tokenizer: Any) -> None:
+    model = load_master(tiny_model)
+    rows = on_policy_rows(model, tokenizer)
+    results = []
+    for packed in (False, True):
+        model = load_master(tiny_model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        settings = StepSettings(pad_id=0, packed=packed)
+        metrics = train_step(
+            model, optimizer, rows, loss=LossSettings(), settings=settings, policy_version=0
+        )
+        results.append((metrics, model.get_output_embeddings().weight.detach().clone()))
+    (padded, w_padded), (packed, w_packed) = results
+    assert packed["trainer/tokens"] == padded["trainer/tokens"]
+    assert packed["trainer/grad_norm"] == pytest.approx(padded["trainer/grad_norm"], rel=1e-4)
+    assert torch.allclose(w_packed, w_padded, atol=1e-6)
+
+
+def test_gradient_checkpointing_trains_as_without_it(tiny_model: Path, tokenizer: Any) -> None:
+    """``optim.gradient_checkpointing`` (through ``polar.train.policy.prepare``):
+    each decoder layer recomputed in backward, the same step."""
+    rows = on_policy_rows(load_master(tiny_model), tokenizer)
+    results = []
+    for checkpointing in (False, True):
+        settings = PolicySettings(
+            device=torch.device("cpu"),
+            precision=Precision.FLOAT32,
+            micro_batch_tokens=4096,
+            gradient_checkpointing=checkpointing,
+        )
+        model = prepare(load_master(tiny_model), settings)
+        assert model.is_activation_checkpointing is checkpointing
+        metrics, _ = one_step(model, rows, Precision.FLOAT32)
+        results.append((metrics, next(model.model.layers[0].parameters()).detach().clone()))
+    (plain, w_plain), (checkpointed, w_checkpointed) = results
+    assert checkpointed["trainer/grad_norm"] == pytest.approx(plain["trainer/grad_norm"], rel=1e-5)
+    assert torch.allclose(w_checkpointed, w_plain, atol=1e-7)

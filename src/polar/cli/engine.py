@@ -24,6 +24,13 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8011,
     max_batch: Annotated[int, typer.Option(help="Most requests generated together.")] = 8,
     threads: Annotated[int, typer.Option(help="Torch threads (0: torch's default).")] = 0,
+    device: Annotated[
+        str,
+        typer.Option(
+            help="auto (the first GPU, else the CPU), cpu, cuda or cuda:N; float32 on the "
+            "CPU, bfloat16 on a GPU."
+        ),
+    ] = "auto",
     max_memory_gib: Annotated[
         float,
         typer.Option(
@@ -43,11 +50,18 @@ def serve(
         ),
     ] = "processed",
 ) -> None:
-    """Serve a causal LM on the CPU with vLLM's token-in completions API (the embedded engine)."""
+    """Serve a causal LM with vLLM's token-in completions API (the embedded engine)."""
     import uvicorn
 
+    from polar.device import DeviceError, check_device, resolve_device
     from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 
+    try:
+        where = resolve_device(check_device(device))
+    except ValueError as exc:
+        fail("engine serve", f"--device: {exc}")
+    except DeviceError as exc:
+        fail("engine serve", str(exc))
     if logprobs_mode not in ("raw", "processed"):
         fail("engine serve", "--logprobs-mode must be raw or processed")
     if max_memory_gib <= 0 or prefill_chunk < 1:
@@ -64,6 +78,7 @@ def serve(
         logprobs_mode="raw" if logprobs_mode == "raw" else "processed",
         prefill_chunk=prefill_chunk,
         max_memory_bytes=int(max_memory_gib * 2**30),
+        device=where,
     )
     try:
         uvicorn.run(

@@ -239,7 +239,7 @@ def sft(
     max_grad_norm: Annotated[float, typer.Option(help="Gradient norm clip (0: none).")] = 1.0,
     max_length: Annotated[int | None, typer.Option(help="Leave out rows longer than this.")] = None,
     seed: Annotated[int, typer.Option(help="Data order and initialisation seed.")] = 0,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     dtype: Annotated[
         str,
         typer.Option(help="Compute: auto, float32 or bfloat16 (weights stay float32)."),

@@ -18,6 +18,10 @@ def train(
     output_dir: Annotated[
         Path | None, typer.Option(help="Override the config's output_dir.")
     ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(help="Override the config's device: auto, cpu, cuda or cuda:N."),
+    ] = None,
 ) -> None:
     """Train a policy with GRPO on groups from a rollout server, pushing weights to the engines."""
     from polar.configfile import ConfigError
@@ -33,6 +37,8 @@ def train(
         overrides["steps"] = steps
     if output_dir is not None:
         overrides["output_dir"] = str(output_dir)
+    if device is not None:
+        overrides["device"] = device
     try:
         parsed = load_train_config(config, overrides)
     except ConfigError as exc:

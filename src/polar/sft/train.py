@@ -36,10 +36,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from polar.device import DeviceError, check_device, resolve_device
 from polar.precision import Precision, autocast, default_precision, device_of, load_master
 from polar.sft.batching import Batch, collate, learning_rate, loss_sum, micro_batches, step_plan
 from polar.sft.export import ExportFileError, ExportFormat, ExportKind, export_path, token_rows
@@ -75,7 +76,8 @@ class FinetuneConfig(BaseModel):
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     max_length: int | None = Field(default=None, ge=2)
     seed: int = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Annotated[str, AfterValidator(check_device)] = "auto"
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (:mod:`polar.device`)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """The forward pass's precision (weights and optimizer state stay float32):
     ``auto`` is bfloat16 on a GPU that has it, float32 otherwise."""
@@ -154,7 +156,10 @@ def finetune(config: FinetuneConfig, *, progress: bool = False) -> FinetuneRepor
     if not (config.model / "config.json").is_file():
         raise FinetuneError(f"{config.model}: not a model directory (no config.json)")
 
-    device = _device(config.device, torch)
+    try:
+        device = resolve_device(config.device)
+    except DeviceError as exc:
+        raise FinetuneError(str(exc)) from None
     precision = default_precision(device) if config.dtype == "auto" else Precision(config.dtype)
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
@@ -266,14 +271,6 @@ def sft_step(
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
     optimizer.step()
     return total, float(norm)
-
-
-def _device(choice: str, torch: Any) -> Any:
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise FinetuneError("device cuda: no GPU is available")
-    if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(choice)
 
 
 class _bar:

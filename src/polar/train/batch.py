@@ -263,15 +263,21 @@ def split_by_session(rows: Sequence[Row], parts: int) -> list[list[Row]]:
 
 @dataclass(frozen=True, slots=True)
 class MicroBatch:
-    """Rows right-padded into one forward pass; loss tokens flattened.
+    """Rows in one forward pass; loss tokens flattened.
 
-    ``input_ids``/``attention_mask``: [B, T]. Every other tensor is [N] over the
-    loss tokens: ``rows``/``cols`` index the logits that predict each one
-    (position ``t - 1`` for token ``t``), ``targets`` the token ids.
+    ``input_ids``/``position_ids``: [B, T]. Padded: one row per trace,
+    right-padded, with its ``attention_mask`` [B, T]. Packed (:func:`microbatches`
+    with ``packed``): several traces end to end in each row, ``position_ids``
+    starting again at 0 at each trace and no ``attention_mask``, from which
+    ``transformers`` attends within each trace only. Every other tensor is [N]
+    over the loss tokens: ``rows``/``cols`` index the hidden state that predicts
+    each one (position ``t - 1`` of its trace for token ``t``), ``targets`` the
+    token ids.
     """
 
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    attention_mask: torch.Tensor | None
+    position_ids: torch.Tensor
     rows: torch.Tensor
     cols: torch.Tensor
     targets: torch.Tensor
@@ -282,50 +288,93 @@ class MicroBatch:
     versions: torch.Tensor
     sampling: Settings
     """Each loss token's sampling distribution (:mod:`polar.distribution`)."""
+    truncates: bool
+    """Whether any of them removes tokens (top-p, top-k, min-p), known here on
+    the host so that the step need not ask the device."""
     tokens: int
     """Real (unpadded) tokens in the forward pass."""
 
+    def to(self, device: torch.device) -> MicroBatch:
+        """Every tensor on ``device``, the sampling settings' included."""
+        moved: dict[str, object] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor | Settings):
+                moved[name] = value.to(device)
+        return replace(self, **moved)  # type: ignore[arg-type]
 
-def microbatches(rows: Sequence[Row], *, max_tokens: int, pad_id: int) -> list[MicroBatch]:
-    """Pack rows, longest first, so that ``rows x longest <= max_tokens`` per
-    microbatch (a row longer than that gets one to itself)."""
+
+def microbatches(
+    rows: Sequence[Row], *, max_tokens: int, pad_id: int, packed: bool = False
+) -> list[MicroBatch]:
+    """Rows in microbatches of at most ``max_tokens`` tokens, longest first (a row
+    longer than that gets one to itself). Padded: ``rows x longest <= max_tokens``
+    per microbatch; packed: the traces' own lengths add up to at most
+    ``max_tokens`` in each of them (first fit), with no padding at all."""
     ordered = sorted(rows, key=lambda r: len(r.ids), reverse=True)
+    if packed:
+        bins: list[list[Row]] = []
+        room: list[int] = []
+        for row in ordered:
+            for i, left in enumerate(room):
+                if len(row.ids) <= left:
+                    bins[i].append(row)
+                    room[i] -= len(row.ids)
+                    break
+            else:
+                bins.append([row])
+                room.append(max_tokens - len(row.ids))
+        return [_collate([pack], pad_id) for pack in bins]
     packs: list[list[Row]] = []
     for row in ordered:
         if packs and (len(packs[-1]) + 1) * len(packs[-1][0].ids) <= max_tokens:
             packs[-1].append(row)
         else:
             packs.append([row])
-    return [_collate(pack, pad_id) for pack in packs]
+    return [_collate([[row] for row in pack], pad_id) for pack in packs]
 
 
-def _collate(pack: list[Row], pad_id: int) -> MicroBatch:
-    width = max(len(r.ids) for r in pack)
-    ids = torch.full((len(pack), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(pack), width), dtype=torch.long)
+def _collate(lines: list[list[Row]], pad_id: int) -> MicroBatch:
+    """One forward pass: each line is a row of the batch holding its traces end
+    to end (one each when padded); right-padded to the longest line."""
+    width = max(sum(len(r.ids) for r in line) for line in lines)
+    ids = torch.full((len(lines), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(lines), width), dtype=torch.long)
+    positions = torch.zeros((len(lines), width), dtype=torch.long)
     rows, cols, targets, rollout, rmask, adv, weight, version = [], [], [], [], [], [], [], []
     sampling: list[Distribution] = []
-    for b, row in enumerate(pack):
-        ids[b, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
-        attention[b, : len(row.ids)] = 1
-        for j, keep in enumerate(row.loss_mask):
-            if not keep:
-                continue
-            position = row.start + j
-            if position == 0:
-                raise ValueError("a trained token at position 0 has no context to predict it from")
-            rows.append(b)
-            cols.append(position - 1)
-            targets.append(row.ids[position])
-            rollout.append(row.rollout_logprobs[j])
-            rmask.append(row.logprob_mask[j])
-            adv.append(row.advantage)
-            weight.append(row.weight)
-            version.append(row.policy_version)
-            sampling.append(row.sampling)
+    for b, line in enumerate(lines):
+        offset = 0
+        for row in line:
+            n = len(row.ids)
+            ids[b, offset : offset + n] = torch.tensor(row.ids, dtype=torch.long)
+            attention[b, offset : offset + n] = 1
+            positions[b, offset : offset + n] = torch.arange(n)
+            for j, keep in enumerate(row.loss_mask):
+                if not keep:
+                    continue
+                position = row.start + j
+                if position == 0:
+                    raise ValueError(
+                        "a trained token at position 0 has no context to predict it from"
+                    )
+                rows.append(b)
+                cols.append(offset + position - 1)
+                targets.append(row.ids[position])
+                rollout.append(row.rollout_logprobs[j])
+                rmask.append(row.logprob_mask[j])
+                adv.append(row.advantage)
+                weight.append(row.weight)
+                version.append(row.policy_version)
+                sampling.append(row.sampling)
+            offset += n
+    packed = any(len(line) > 1 for line in lines)
+    if not packed:  # padding positions go on counting (they are masked out)
+        positions = torch.arange(width).expand(len(lines), width).clone()
     return MicroBatch(
         input_ids=ids,
-        attention_mask=attention,
+        attention_mask=None if packed else attention,
+        position_ids=positions,
         rows=torch.tensor(rows, dtype=torch.long),
         cols=torch.tensor(cols, dtype=torch.long),
         targets=torch.tensor(targets, dtype=torch.long),
@@ -335,5 +384,6 @@ def _collate(pack: list[Row], pad_id: int) -> MicroBatch:
         weights=torch.tensor(weight, dtype=torch.float64),
         versions=torch.tensor(version, dtype=torch.long),
         sampling=Settings.of(sampling),
-        tokens=sum(len(r.ids) for r in pack),
+        truncates=any(d.truncated for d in sampling),
+        tokens=sum(len(r.ids) for line in lines for r in line),
     )

@@ -1,10 +1,17 @@
 """Checkpoints: everything a run needs to continue where it stopped.
 
 ``<output_dir>/checkpoints/step-000010/``: ``model/`` (a Hugging Face model
-directory, tokenizer files included, usable on its own), ``optimizer.pt``
+directory, tokenizer files included, usable on its own; with LoRA only the
+adapters, peft's files, for the run's base model), ``optimizer.pt``
 (optimizer and scheduler state), ``state.json`` (step, policy version, task
-cursor, counters, the torch RNG state). A checkpoint is written under a
-temporary name and renamed into place, so one that exists is complete.
+cursor, counters, the torch RNG states: the CPU's, and each GPU's when the run
+had them). A checkpoint is written under a temporary name and renamed into
+place, so one that exists is complete.
+
+Devices: tensors are saved where they are and restored with ``map_location``
+onto the device of the optimizer's parameters (:func:`restore`), so a
+checkpoint written on a GPU resumes on a CPU and the reverse; GPU random
+states are restored only where there are GPUs to take them.
 """
 
 from __future__ import annotations
@@ -73,6 +80,8 @@ def save_checkpoint(
             tmp / "optimizer.pt",
         )
         info = asdict(state) | {"rng": torch.get_rng_state().tolist()}
+        if torch.cuda.is_available():
+            info["cuda_rng"] = [r.tolist() for r in torch.cuda.get_rng_state_all()]
         (tmp / "state.json").write_text(json.dumps(info) + "\n")
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
@@ -107,15 +116,29 @@ def read_state(path: Path) -> TrainState:
 
 
 def restore(path: Path, optimizer: torch.optim.Optimizer, scheduler: Any) -> TrainState:
-    """Load optimizer, scheduler and RNG state from ``path`` (the model is loaded
-    from ``path / "model"`` by the caller); returns the run's state."""
+    """Load optimizer, scheduler and RNG state from ``path`` onto the device of the
+    optimizer's parameters (the model is loaded from ``path / "model"`` by the
+    caller and placed first); returns the run's state."""
     state = read_state(path)
     try:
-        saved = torch.load(path / "optimizer.pt", weights_only=True)
+        saved = torch.load(
+            path / "optimizer.pt", map_location=_device_of(optimizer), weights_only=True
+        )
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
-        rng = json.loads((path / "state.json").read_text())["rng"]
+        info = json.loads((path / "state.json").read_text())
     except (OSError, RuntimeError, KeyError, ValueError) as exc:
         raise CheckpointError(f"{path}: cannot restore the optimizer ({exc})") from None
-    torch.set_rng_state(torch.tensor(rng, dtype=torch.uint8))
+    torch.set_rng_state(torch.tensor(info["rng"], dtype=torch.uint8))
+    gpu_states = info.get("cuda_rng") or []
+    if gpu_states and torch.cuda.is_available():
+        for index, rng in enumerate(gpu_states[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(torch.tensor(rng, dtype=torch.uint8), index)
     return state
+
+
+def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            return torch.device(parameter.device)
+    return torch.device("cpu")

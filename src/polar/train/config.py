@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from polar.configfile import load_config
+from polar.device import check_device
 from polar.precision import Precision
 from polar.proxy.behaviour import SamplingPolicy
 from polar.rollout.protocol import HarnessSpec
@@ -75,6 +76,12 @@ class RolloutSettings(_Section):
         return self
 
 
+class Packing(StrEnum):
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
 class EngineKind(StrEnum):
     EMBEDDED = "embedded"
     VLLM = "vllm"
@@ -122,10 +129,15 @@ class WeightSyncSettings(_Section):
     """Push the trainer's weights before the first rollout, so the engines serve
     exactly them (and a broken weight path fails at start, not mid-run)."""
     keep: int = Field(default=2, ge=1)
-    """Weight directories kept on disk (the newest ones)."""
+    """Weight directories kept (the newest ones)."""
     directory: Path | None = None
-    """Where pushed weights are written (default ``<output_dir>/weights``); every
-    engine must be able to read it at the same path."""
+    """Where pushed weights are written, once per push for every engine, which
+    must read it at the same path. Default: shared memory (``/dev/shm``) when
+    every engine's URL is on this machine, else ``<output_dir>/weights``
+    (:func:`polar.train.weights.push_directory`)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """What full weights are written in: ``auto`` is the dtype every engine says it
+    serves (bfloat16 halves a push), float32 when they differ or do not say."""
 
 
 class GrpoSettings(_Section):
@@ -159,12 +171,43 @@ class OptimSettings(_Section):
     """Optimizer steps per training step (the step's sessions split evenly)."""
     micro_batch_tokens: int = Field(default=16384, ge=64)
     """Tokens (padding included) per forward/backward pass."""
+    packing: Packing = Packing.AUTO
+    """``on``: traces end to end in a microbatch's rows, no padding
+    (``transformers`` attends within each from its position ids); ``off``: one
+    row per trace, right-padded; ``auto``: packed where the attention skips the
+    other traces' positions (``flash_attention_*``), padded elsewhere (SDPA and
+    eager compute the masked positions: packing saves nothing there)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer in backward instead of keeping its
+    activations (far less memory, about a third more compute)."""
+    check_memory: bool = True
+    """Stop at start when the estimate (:mod:`polar.train.memory`) is over what
+    the device has; ``false`` where the estimate is wrong."""
     logprob_chunk: int = Field(default=512, ge=1)
     """Loss tokens whose vocabulary projection is computed at once."""
-    dtype: Precision = Precision.FLOAT32
+    dtype: Literal["auto"] | Precision = "auto"
     """The forward pass's precision: ``bfloat16`` computes under autocast to
-    bfloat16; weights and AdamW state stay float32 either way (:mod:`polar.precision`)."""
+    bfloat16, ``auto`` is bfloat16 on a GPU that has it and float32 on the CPU;
+    weights and AdamW state stay float32 either way (:mod:`polar.precision`)."""
     threads: int | None = Field(default=None, ge=1)
+
+
+class LoraSettings(_Section):
+    """Train LoRA adapters (peft) instead of every weight: only the adapters train,
+    pushes and checkpoints carry only them (:mod:`polar.train.lora`)."""
+
+    r: int = Field(default=16, ge=1)
+    alpha: float = Field(default=32.0, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Module names (or suffixes) to adapt; ``all-linear``: every linear layer but
+    the output projection."""
+    served_name: str = Field(default="polar-lora", min_length=1)
+    """The name vLLM serves the adapters under: the gateway's ``engine.model``
+    must be it. (The embedded engine merges them into the model it serves.)"""
+    export_merged: bool = False
+    """At the end, write the base model with the adapters merged in to
+    ``<output_dir>/merged`` (a Hugging Face model directory, float32)."""
 
 
 class LogSettings(_Section):
@@ -204,17 +247,29 @@ class TrainConfig(_Section):
     output_dir: Path = Path("runs/train")
     steps: int = Field(ge=1)
     seed: int = 0
+    device: Annotated[str, AfterValidator(check_device)] = "auto"
+    """Where the policy trains: ``auto`` (the first GPU, else the CPU), ``cpu``,
+    ``cuda`` or ``cuda:N`` (:mod:`polar.device`)."""
     rollout: RolloutSettings
     weight_sync: WeightSyncSettings
     grpo: GrpoSettings = GrpoSettings()
     optim: OptimSettings = OptimSettings()
+    lora: LoraSettings | None = None
+    """Train LoRA adapters instead of every weight (none: full fine-tuning)."""
     log: LogSettings = LogSettings()
     checkpoint: CheckpointSettings = CheckpointSettings()
     eval: EvalSettings = EvalSettings()
 
-    @property
-    def weights_dir(self) -> Path:
-        return self.weight_sync.directory or self.output_dir / "weights"
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.lora is not None and any(
+            e.kind is EngineKind.SGLANG for e in self.weight_sync.engines
+        ):
+            raise ValueError(
+                "lora: adapters are pushed to embedded and vLLM engines; an SGLang engine "
+                "needs full weights (leave lora out)"
+            )
+        return self
 
 
 def load_train_config(path: Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:

@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from polar.distribution import Settings, support
 from polar.ir import Distribution
 from polar.ir.behaviour import MODEL
+from polar.precision import device_of
 from polar.train.batch import MicroBatch
 
 
@@ -47,12 +48,13 @@ def _chunk_logprobs(
     top_p: torch.Tensor,
     top_k: torch.Tensor,
     min_p: torch.Tensor,
+    truncates: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits: torch.Tensor = head(hidden).float()  # [n, V]
     settings = Settings(temperature, top_p, top_k, min_p)
     scaled = logits / temperature.unsqueeze(1)
     outside = torch.zeros_like(targets, dtype=torch.bool)
-    if settings.truncates:
+    if truncates:  # known on the host: asking the tensors would wait for the GPU
         keep = support(scaled, settings)
         outside = ~keep.gather(1, targets.unsqueeze(1)).squeeze(1)
         keep.scatter_(1, targets.unsqueeze(1), True)  # finite logprob; weighted 0 later
@@ -64,7 +66,10 @@ def _chunk_logprobs(
 def token_logprobs(model: Any, batch: MicroBatch, *, chunk: int = 512) -> TokenLogprobs:
     """The logprobs of the batch's loss tokens, each under its own distribution."""
     hidden = model.get_decoder()(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,  # training: no KV cache (and packed traces need none)
     ).last_hidden_state  # [B, T, H]
     picked = hidden[batch.rows, batch.cols]  # [N, H]
     head = model.get_output_embeddings()
@@ -80,6 +85,7 @@ def token_logprobs(model: Any, batch: MicroBatch, *, chunk: int = 512) -> TokenL
             s.top_p[part],
             s.top_k[part],
             s.min_p[part],
+            batch.truncates,
         )
         if torch.is_grad_enabled():
             value, out = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
@@ -105,6 +111,7 @@ def sequence_logprobs(
     batch = MicroBatch(
         input_ids=input_ids,
         attention_mask=torch.ones_like(input_ids),
+        position_ids=torch.arange(len(ids)).unsqueeze(0),
         rows=torch.zeros(n, dtype=torch.long),
         cols=torch.arange(start - 1, len(ids) - 1, dtype=torch.long),
         targets=torch.tensor(list(ids[start:]), dtype=torch.long),
@@ -114,7 +121,8 @@ def sequence_logprobs(
         weights=torch.zeros(n, dtype=torch.float64),
         versions=torch.zeros(n, dtype=torch.long),
         sampling=Settings.of([sampling] * n),
+        truncates=sampling.truncated,
         tokens=len(ids),
     )
     with torch.no_grad():
-        return [float(v) for v in token_logprobs(model, batch).values]
+        return [float(v) for v in token_logprobs(model, batch.to(device_of(model))).values]

@@ -17,6 +17,10 @@ Precision (:mod:`polar.precision`): the model's weights and the optimizer's
 state are float32; ``StepSettings.precision`` decides the forward passes'
 compute (``bfloat16``: under autocast), and backward and the optimizer step run
 outside it.
+
+Device: the step runs where the model's parameters are; every tensor of every
+microbatch is moved there (:meth:`polar.train.batch.MicroBatch.to`) before the
+first forward pass.
 """
 
 from __future__ import annotations
@@ -60,12 +64,18 @@ class StepSettings:
     precision: Precision = Precision.FLOAT32
     """Forward passes under :func:`polar.precision.autocast`; the model's weights
     (and so the optimizer's state) are float32 whatever this is."""
+    packed: bool = False
+    """Traces end to end in each microbatch row, no padding
+    (:func:`polar.train.batch.microbatches`)."""
 
 
 class _Totals:
-    """Sums over loss tokens, turned into the step's metrics at the end."""
+    """Sums, minima and maxima over loss tokens, kept on the model's device and
+    read once at the end of the step (:meth:`read`): reading a GPU value makes
+    the host wait for the GPU, and once per statistic per microbatch adds up."""
 
     def __init__(self) -> None:
+        self._stats: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.sums: dict[str, float] = {}
         self.mins: dict[str, float] = {}
         self.maxs: dict[str, float] = {}
@@ -73,15 +83,45 @@ class _Totals:
         self.logprobs_rollout: list[torch.Tensor] = []
         self.rollout_masks: list[torch.Tensor] = []
         self.versions: list[torch.Tensor] = []
+        self._outside: list[torch.Tensor] = []
         self.outside = 0
 
-    def add(self, name: str, values: torch.Tensor) -> None:
+    def add(self, name: str, values: torch.Tensor, where: torch.Tensor | None = None) -> None:
+        """Count ``values`` (only those ``where`` is true, when given)."""
         if values.numel() == 0:
             return
         v = values.detach().double()
-        self.sums[name] = self.sums.get(name, 0.0) + float(v.sum())
-        self.mins[name] = min(self.mins.get(name, math.inf), float(v.min()))
-        self.maxs[name] = max(self.maxs.get(name, -math.inf), float(v.max()))
+        keep = torch.ones_like(v, dtype=torch.bool) if where is None else where
+        stats = (
+            torch.where(keep, v, 0.0).sum(),
+            torch.where(keep, v, math.inf).min(),
+            torch.where(keep, v, -math.inf).max(),
+        )
+        if name in self._stats:
+            total, low, high = self._stats[name]
+            stats = (total + stats[0], torch.minimum(low, stats[1]), torch.maximum(high, stats[2]))
+        self._stats[name] = stats
+
+    def count_outside(self, outside: torch.Tensor) -> None:
+        self._outside.append(outside.sum())
+
+    def read(self) -> None:
+        """Every statistic to the host at once; a minimum or maximum over nothing
+        is left out."""
+        names = list(self._stats)
+        flat = [t for name in names for t in self._stats[name]]
+        values = (
+            torch.stack([*flat, torch.stack(self._outside).sum()]).tolist()
+            if flat or self._outside
+            else []
+        )
+        for i, name in enumerate(names):
+            total, low, high = values[3 * i : 3 * i + 3]
+            self.sums[name] = total
+            if math.isfinite(low):
+                self.mins[name] = low
+                self.maxs[name] = high
+        self.outside = int(values[-1]) if self._outside else 0
 
 
 def train_step(
@@ -106,11 +146,19 @@ def train_step(
     parts = split_by_session(rows, settings.minibatches)
     if len(parts) > 1:
         parts = [reweighted(part, loss.aggregation) for part in parts]
-    packed = [
-        microbatches(part, max_tokens=settings.micro_batch_tokens, pad_id=settings.pad_id)
+    device = device_of(model)
+    packed = [  # every tensor of every microbatch on the model's device
+        [
+            mb.to(device)
+            for mb in microbatches(
+                part,
+                max_tokens=settings.micro_batch_tokens,
+                pad_id=settings.pad_id,
+                packed=settings.packed,
+            )
+        ]
         for part in parts
     ]
-    device = device_of(model)
     old: list[list[torch.Tensor | None]] = [[None] * len(mbs) for mbs in packed]
     if len(packed) > 1:
         with torch.no_grad(), autocast(settings.precision, device):
@@ -126,14 +174,13 @@ def train_step(
         for j, mb in enumerate(mbs):
             with autocast(settings.precision, device):  # the forward pass and the loss
                 logprobs, outside = _logprobs(model, mb, settings)  # [N], [N]
-                if outside.any():
-                    # Sampled, but outside the support the trainer's logits give: no weight.
-                    mb = replace(
-                        mb,
-                        weights=torch.where(outside, 0.0, mb.weights),
-                        rollout_mask=mb.rollout_mask & ~outside,
-                    )
-                    totals.outside += int(outside.sum())
+                # Sampled, but outside the support the trainer's logits give: no weight.
+                mb = replace(
+                    mb,
+                    weights=torch.where(outside, 0.0, mb.weights),
+                    rollout_mask=mb.rollout_mask & ~outside,
+                )
+                totals.count_outside(outside)
                 reference = old[i][j]
                 old_lp = logprobs.detach() if reference is None else reference
                 objective = _objective(model, mb, logprobs, old_lp, loss, totals, ref_model)
@@ -151,6 +198,7 @@ def train_step(
             scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     model.train(False)
+    totals.read()
     elapsed = time.perf_counter() - start
     return _metrics(totals, tokens, loss_tokens, grad_norms, elapsed, len(rows), policy_version)
 
@@ -190,9 +238,9 @@ def _objective(
     totals.add("clipped", clipped.double())
     totals.add("ratio", torch.exp(logprobs.detach() - old_logprobs))
     present = mb.rollout_mask
-    totals.add("tis", tis[present])
-    raw = torch.exp(old_logprobs.detach().double() - mb.rollout_logprobs)[present]
-    totals.add("tis_truncated", (raw > loss.tis_cap).double())
+    totals.add("tis", tis, where=present)
+    raw = torch.exp(old_logprobs.detach().double() - mb.rollout_logprobs)
+    totals.add("tis_truncated", (raw > loss.tis_cap).double(), where=present)
     return (weights * per_token).sum()
 
 

@@ -14,6 +14,13 @@ and let the ones in flight finish on the old weights). A group is consumed
 when it finishes; if its oldest token was sampled more than ``max_staleness``
 policy versions before the current one, it is dropped and counted.
 
+Device and memory: the policy trains where ``device`` says (:mod:`polar.device`),
+float32 master weights with the forward pass under bfloat16 autocast on a GPU
+(:mod:`polar.precision`); it is made ready by :func:`polar.train.policy.prepare`
+(gradient checkpointing, LoRA adapters, the memory estimate checked before it
+moves to the device). With LoRA only the adapters train, are pushed and are
+checkpointed; ``lora.export_merged`` writes the merged model at the end.
+
 Policy versions are truthful: a version names one set of weights. The
 trainer's version goes up with every step; the gateways serve it once its
 push lands. A push whose drain times out (calls still in flight after
@@ -27,6 +34,7 @@ weights are pushed again before the next step's groups are taken.
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -35,7 +43,9 @@ from typing import Any
 
 import torch
 
-from polar.precision import load_master
+from polar.adapters import is_adapter
+from polar.device import DeviceError, resolve_device
+from polar.precision import default_precision, load_master
 from polar.proxy.behaviour import SamplingPolicy
 from polar.rollout.client import RolloutClient
 from polar.tasks import load_tasks
@@ -54,12 +64,21 @@ from polar.train.checkpoint import (
     restore,
     save_checkpoint,
 )
-from polar.train.config import PushFailure, TrainConfig
+from polar.train.config import Packing, PushFailure, TrainConfig
 from polar.train.evaluation import evaluate
 from polar.train.feed import GroupRequest, RolloutFeed, task_order
+from polar.train.lora import LoraUnavailable, export_merged
+from polar.train.memory import MemoryTooSmall
+from polar.train.policy import PolicySettings, load_policy, trainable
 from polar.train.step import LossSettings, StepSettings, train_step
 from polar.train.tracking import MetricsLog
-from polar.train.weights import prune_weights, save_weights, weights_path
+from polar.train.weights import (
+    SHARED_MEMORY,
+    prune_weights,
+    push_directory,
+    save_weights,
+    weights_path,
+)
 from polar.train.weightsync import DrainTimeout, PushReport, WeightSync
 
 
@@ -96,6 +115,8 @@ class TrainResult:
     counters: dict[str, float] = field(default_factory=dict)
     note: str | None = None
     """Set when the run did nothing, saying why (a resumed run already at ``steps``)."""
+    merged: Path | None = None
+    """The merged model ``lora.export_merged`` wrote."""
 
 
 def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
@@ -122,31 +143,60 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                 f"steps is {config.steps} (raise steps to train further)"
             ),
         )
+    try:
+        device = resolve_device(config.device)
+    except DeviceError as exc:
+        raise TrainError(str(exc)) from None
+    precision = default_precision(device) if config.optim.dtype == "auto" else config.optim.dtype
+    adapters = _adapters(config, resume_from)
+    base = config.model if adapters or resume_from is None else resume_from / "model"
     # Weight sync: every gateway answers, every engine can load weights (or we stop here).
-    sync = WeightSync.from_settings(config.weight_sync)
+    sync = WeightSync.from_settings(
+        config.weight_sync, adapter_name=config.lora.served_name if config.lora else None
+    )
     try:
         versions = sync.check()
+        weight_format = sync.weight_format(config.weight_sync.dtype)
     except Exception:
         sync.close()
         raise
-    source = resume_from / "model" if resume_from else config.model
-    if not (source / "config.json").is_file():
+    if not (base / "config.json").is_file():
         sync.close()
-        raise TrainError(f"model: no Hugging Face model in {source}")
+        raise TrainError(f"model: no Hugging Face model in {base}")
+    weights_dir = push_directory(
+        config.weight_sync.directory, out, [e.url for e in config.weight_sync.engines]
+    )
     # float32 master weights (and so AdamW state) whatever optim.dtype: see polar.precision
-    model: Any = load_master(source)
-    model.train(False)
+    try:
+        model: Any = load_policy(
+            base,
+            PolicySettings(
+                device=device,
+                precision=precision,
+                micro_batch_tokens=config.optim.micro_batch_tokens,
+                logprob_chunk=config.optim.logprob_chunk,
+                gradient_checkpointing=config.optim.gradient_checkpointing,
+                lora=config.lora,
+                reference=config.grpo.kl_coef > 0,
+                check_memory=config.optim.check_memory,
+            ),
+            adapters=adapters,
+        )
+    except (MemoryTooSmall, LoraUnavailable) as exc:
+        sync.close()
+        raise TrainError(str(exc)) from None
     reference: Any = None
     if config.grpo.kl_coef > 0:
-        reference = load_master(config.model)
+        reference = load_master(config.model).to(device)
         reference.train(False)
         reference.requires_grad_(False)
     pad_id = _pad_id(model)
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        trainable(model),
         lr=config.optim.lr,
         betas=config.optim.betas,
         weight_decay=config.optim.weight_decay,
+        fused=device.type == "cuda" or None,
     )
     warmup = config.optim.warmup_steps * config.optim.minibatches
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -209,7 +259,8 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
         max_grad_norm=config.optim.max_grad_norm,
         logprob_chunk=config.optim.logprob_chunk,
         pad_id=pad_id,
-        precision=config.optim.dtype,
+        precision=precision,
+        packed=_packed(config.optim.packing, model),
     )
     eval_request = replace(
         request,
@@ -238,7 +289,7 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
 
     try:
         if config.weight_sync.sync_on_start:
-            path = save_weights(model, config.weights_dir, state.policy_version)
+            path = save_weights(model, weights_dir, state.policy_version, weight_format)
             pushed = _push(sync, path, state.policy_version, config, log)
             served = pushed.version if pushed is not None else served
         feed.fill(served)
@@ -253,7 +304,9 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
                 if served != state.policy_version:
                     # the last push was skipped: try again before waiting (with
                     # max_staleness 0 no group could be fresh until one lands)
-                    pushed = _step_push(sync, state.policy_version, config, log, hooks, counters)
+                    pushed = _step_push(
+                        sync, weights_dir, state.policy_version, config, log, hooks, counters
+                    )
                     served = pushed.version if pushed is not None else served
                 feed.fill(served)
                 group = group_from_result(feed.next())
@@ -325,10 +378,10 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
             # A version names one set of weights: the trainer's are new whether or not
             # the push lands (a skipped one is tried again before the next step's groups).
             state.policy_version += 1
-            save_weights(model, config.weights_dir, state.policy_version)
-            push = _step_push(sync, state.policy_version, config, log, hooks, counters)
+            save_weights(model, weights_dir, state.policy_version, weight_format)
+            push = _step_push(sync, weights_dir, state.policy_version, config, log, hooks, counters)
             served = push.version if push is not None else served
-            prune_weights(config.weights_dir, config.weight_sync.keep)
+            prune_weights(weights_dir, config.weight_sync.keep)
 
             # ---------------------------------------------------------- log
             rewards = [r for g in groups for r in g.rewards]
@@ -374,10 +427,14 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
             last = state.step == config.steps
             if (eval_tasks or hooks.evaluate) and ((every and state.step % every == 0) or last):
                 log.write(state.step, served, run_eval())
+        if config.lora is not None and config.lora.export_merged:
+            result.merged = export_merged(model, out / "merged", tokenizer_dir=config.model)
     finally:
         feed.close()
         sync.close()
         log.close()
+        if config.weight_sync.directory is None and weights_dir.parent == SHARED_MEMORY:
+            shutil.rmtree(weights_dir, ignore_errors=True)  # memory, not disk: give it back
     result.steps = state.step
     result.policy_version = state.policy_version
     return result
@@ -406,6 +463,7 @@ def _push(
 
 def _step_push(
     sync: WeightSync,
+    weights_dir: Path,
     version: int,
     config: TrainConfig,
     log: MetricsLog,
@@ -416,7 +474,7 @@ def _step_push(
     around it; counts what it did."""
     if hooks.before_push is not None:
         hooks.before_push(version)
-    push = _push(sync, weights_path(config.weights_dir, version), version, config, log)
+    push = _push(sync, weights_path(weights_dir, version), version, config, log)
     if push is None:
         _count(counters, "push/skipped_total")
         return None
@@ -472,6 +530,31 @@ def _resume_path(config: TrainConfig) -> Path | None:
                 raise TrainError(f"checkpoint.resume: {path} is not a checkpoint")
             return path
     raise TrainError(f"checkpoint.resume: {config.checkpoint.resume!r}")
+
+
+def _adapters(config: TrainConfig, resume_from: Path | None) -> Path | None:
+    """The adapters a LoRA run resumes from (None: fresh ones, or a full fine-tune);
+    a checkpoint of the other kind is an error."""
+    if resume_from is None:
+        return None
+    saved = resume_from / "model"
+    if is_adapter(saved) and config.lora is None:
+        raise TrainError(f"checkpoint.resume: {resume_from} holds LoRA adapters; set lora")
+    if not is_adapter(saved) and config.lora is not None:
+        raise TrainError(f"checkpoint.resume: {resume_from} holds full weights; leave lora out")
+    return saved if config.lora is not None else None
+
+
+def _packed(packing: Packing, model: Any) -> bool:
+    match packing:
+        case Packing.ON:
+            return True
+        case Packing.OFF:
+            return False
+        case Packing.AUTO:
+            attention = str(getattr(model.config, "_attn_implementation", None) or "")
+            return attention.startswith("flash_attention")
+    raise AssertionError(packing)
 
 
 def _pad_id(model: Any) -> int:

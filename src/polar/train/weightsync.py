@@ -32,6 +32,7 @@ import httpx
 
 from polar.train.config import GatewayTarget, WeightSyncSettings
 from polar.train.reload import EngineReload, WeightSyncError, engine_reload
+from polar.train.weights import WeightFormat, weight_format
 
 
 class DrainTimeout(WeightSyncError):
@@ -154,10 +155,16 @@ class WeightSync:
         self.backoff_s = backoff_s
 
     @classmethod
-    def from_settings(cls, settings: WeightSyncSettings) -> WeightSync:
+    def from_settings(
+        cls, settings: WeightSyncSettings, *, adapter_name: str | None = None
+    ) -> WeightSync:
+        """``adapter_name``: the name LoRA adapters are served under (a LoRA run)."""
         return cls(
             [GatewayAdmin(g) for g in settings.gateways],
-            [engine_reload(e, timeout_s=settings.request_timeout_s) for e in settings.engines],
+            [
+                engine_reload(e, timeout_s=settings.request_timeout_s, adapter_name=adapter_name)
+                for e in settings.engines
+            ],
             drain_timeout_s=settings.drain_timeout_s,
             retries=settings.push_retries,
             backoff_s=settings.retry_backoff_s,
@@ -176,6 +183,15 @@ class WeightSync:
         for engine in self.engines:
             engine.check()
         return versions
+
+    def weight_format(self, dtype: str = "auto") -> WeightFormat:
+        """How full weights are written for these engines: ``dtype``, or with
+        ``auto`` the one they all serve (float32 unless every engine names the
+        same narrower one); the output projection written out if any needs it."""
+        head = any(engine.explicit_head for engine in self.engines)
+        if dtype != "auto":
+            return weight_format([dtype], explicit_head=head)
+        return weight_format([engine.dtype() for engine in self.engines], explicit_head=head)
 
     def push(
         self, path: Path, version: int, *, on_retry: Callable[[str], None] | None = None

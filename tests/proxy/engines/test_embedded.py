@@ -24,6 +24,7 @@ from polar.proxy.engines.embedded import (
     create_engine_app,
     sample,
 )
+from polar.proxy.engines.embedded.runner import sample_rows
 from polar.testing.serverthread import ServerThread
 from polar.tinymodel import TinyModelSpec, build_tiny_model
 
@@ -99,6 +100,88 @@ def test_sampling_rules() -> None:
         mode="processed",
     )
     assert raw[0] == processed[0] and raw[1] < processed[1]
+
+
+def test_a_batch_sampled_at_once_draws_what_each_row_draws_alone() -> None:
+    """The GPU's sampler (one call for the batch) against the CPU's (row by row),
+    here on the CPU: greedy rows, biased ones, seeded ones (from their own
+    generators: the same tokens), and every row's logprob of its distribution."""
+    torch.manual_seed(0)
+    logits = torch.randn(5, 50)
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0, logit_bias=((7, 30.0),)),
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=10, seed=11),
+        SamplingParams(temperature=1.3, min_p=0.05, seed=12),
+        SamplingParams(temperature=0.5, top_k=3),
+    ]
+    seeds = [p.seed for p in params]
+    batch = sample_rows(
+        logits.clone(),
+        params,
+        [torch.Generator().manual_seed(s) if s is not None else None for s in seeds],
+    )
+    alone = [
+        sample(logits[row], p, torch.Generator().manual_seed(s) if s is not None else None)
+        for row, (p, s) in enumerate(zip(params, seeds, strict=True))
+    ]
+    for row in (0, 1, 2, 3):
+        assert batch[row][0] == alone[row][0]
+        assert batch[row][1] == pytest.approx(alone[row][1], abs=1e-6)
+    assert batch[1][0] == 7
+    # the unseeded row: a token inside its top 3, with its logprob there
+    token, logprob = batch[4]
+    top3 = torch.topk(logits[4], 3).indices.tolist()
+    assert token in top3
+    kept = torch.log_softmax(logits[4, top3] / 0.5, dim=-1)
+    assert logprob == pytest.approx(float(kept[top3.index(token)]), abs=1e-6)
+    raw = sample_rows(logits.clone(), params, [None] * 5, mode="raw")
+    assert raw[0][1] == pytest.approx(float(torch.log_softmax(logits[0], -1)[raw[0][0]]))
+
+
+def _served_together(
+    model_dir: Path, requests: list[SamplingParams], *, batched: bool
+) -> list[list[tuple[int | None, float | None]]]:
+    """Each request's (token, logprob) steps, all submitted at once to one engine."""
+    engine = ModelRunner(model_dir, max_batch=4, batch_sampling=batched)
+    steps: list[list[Step]] = [[] for _ in requests]
+    done = threading.Semaphore(0)
+
+    def emit(row: int, step: Step) -> None:
+        steps[row].append(step)
+        if step.finish is not None:
+            done.release()
+
+    try:
+        assert engine.batch_sampling is batched
+        engine.submit_many(
+            [
+                Job(prompt=PROMPT, params=p, emit=lambda s, r=row: emit(r, s))
+                for row, p in enumerate(requests)
+            ]
+        )
+        for _ in requests:
+            assert done.acquire(timeout=60)
+    finally:
+        engine.close()
+    return [[(s.token_id, s.logprob) for s in row] for row in steps]
+
+
+def test_an_engine_sampling_batches_at_once_serves_what_one_sampling_rows_serves(
+    model_dir: Path,
+) -> None:
+    """The GPU's way of sampling, run here on the CPU inside the engine: seeded and
+    greedy requests batched together get the tokens and logprobs the CPU's way gives."""
+    requests = [
+        SamplingParams(max_tokens=8, seed=5),
+        SamplingParams(max_tokens=8, temperature=0.7, top_p=0.9, seed=6),
+        SamplingParams(max_tokens=8, temperature=0),
+    ]
+    one_by_one = _served_together(model_dir, requests, batched=False)
+    at_once = _served_together(model_dir, requests, batched=True)
+    for alone, together in zip(one_by_one, at_once, strict=True):
+        assert [t for t, _ in together] == [t for t, _ in alone]
+        assert [lp for _, lp in together] == pytest.approx([lp for _, lp in alone], abs=1e-5)
 
 
 def test_logprobs_are_the_models_own(runner: ModelRunner) -> None:
@@ -288,9 +371,14 @@ def test_new_weights_load_in_place(tmp_path: Path, model_dir: Path) -> None:
                 "logprobs": 0,
             }
             before = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
-            assert httpx.get(f"{server.url}/weights").json()["weights_version"] == 0
-            loaded = httpx.post(f"{server.url}/weights", json={"path": str(other)}, timeout=60)
+            described = httpx.get(f"{server.url}/weights").json()
+            assert described["weights_version"] == 0 and described["policy_version"] is None
+            assert (described["device"], described["dtype"]) == ("cpu", "float32")
+            loaded = httpx.post(
+                f"{server.url}/weights", json={"path": str(other), "version": 5}, timeout=60
+            )
             assert loaded.json()["weights_version"] == 1
+            assert loaded.json()["policy_version"] == 5 and loaded.json()["adapter"] is None
             after = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
             assert before["choices"][0]["token_ids"] != after["choices"][0]["token_ids"]
             bad = httpx.post(f"{server.url}/weights", json={"path": str(tmp_path / "nowhere")})

@@ -1,4 +1,5 @@
-"""A batched CPU generator for Hugging Face causal LMs (``transformers`` + torch).
+"""A batched generator for Hugging Face causal LMs (``transformers`` + torch), on
+the CPU in float32 or on a CUDA GPU in bfloat16.
 
 One worker thread owns the model. Requests that wait while a batch runs form
 the next batch (up to ``max_batch``, and as many as fit the memory budget):
@@ -29,7 +30,15 @@ processed_logprobs``; ``"raw"`` reports the model's own distribution, vLLM's
 default.
 
 :meth:`ModelRunner.load_weights` swaps in new weights between batches, for a
-trainer that updates the policy in place.
+trainer that updates the policy in place: full weights (a ``.safetensors``
+file or a model directory, in any dtype: they are cast to the engine's), or
+LoRA adapters merged in place (:mod:`polar.proxy.engines.embedded.adapters`).
+
+On a GPU (``device`` ``cuda``) the model runs in bfloat16 and a decode step
+samples every row of the batch at once (:func:`sample_rows`: one transfer to
+the host per step, not one per row); a seeded request is still drawn from its
+own generator, on the host, so its tokens do not depend on the batch. The CPU
+path is unchanged: float32, one row at a time (:func:`sample`).
 """
 
 from __future__ import annotations
@@ -43,10 +52,12 @@ from typing import Any, Literal
 
 import torch
 
+from polar.adapters import is_adapter, read_adapter
 from polar.distribution import Settings, processed_logits
 from polar.ir import Distribution
 from polar.ir.behaviour import GREEDY_BELOW
 from polar.proxy.engines.defaults import generation_defaults
+from polar.proxy.engines.embedded.adapters import MergedAdapters
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +120,44 @@ def sample(
     return token, float(torch.log_softmax(logits, dim=-1)[token])
 
 
+def sample_rows(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    *,
+    mode: Literal["raw", "processed"] = "processed",
+) -> list[tuple[int, float]]:
+    """:func:`sample` for every row of ``logits`` [B, V] at once, on their device:
+    the same distribution per row, one host transfer for the batch. A row with a
+    generator (a seeded request) draws from it on the host."""
+    logits = logits.float()
+    if any(p.logit_bias for p in params):
+        logits = logits.clone()  # the caller's logits stay as they were
+    for row, p in enumerate(params):
+        for token, bias in p.logit_bias:
+            logits[row, token] += bias
+    greedy = torch.tensor([p.temperature < GREEDY_BELOW for p in params], device=logits.device)
+    settings = Settings.of(
+        [
+            Distribution(
+                1.0 if p.temperature < GREEDY_BELOW else p.temperature, p.top_p, p.top_k, p.min_p
+            )
+            for p in params
+        ],
+        device=logits.device,
+    )
+    raw = torch.log_softmax(logits, dim=-1)  # [B, V]
+    processed = torch.log_softmax(processed_logits(logits, settings), dim=-1)  # [B, V]
+    drawn = torch.multinomial(processed.exp(), 1).squeeze(1)  # [B]
+    for row, generator in enumerate(generators):
+        if generator is not None and not params[row].temperature < GREEDY_BELOW:
+            drawn[row] = torch.multinomial(processed[row].exp().cpu(), 1, generator=generator)[0]
+    tokens = torch.where(greedy, logits.argmax(dim=-1), drawn)  # [B]
+    chosen = raw if mode == "raw" else torch.where(greedy.unsqueeze(1), raw, processed)
+    values = chosen.gather(1, tokens.unsqueeze(1)).squeeze(1)  # [B]
+    return list(zip(tokens.tolist(), values.tolist(), strict=True))
+
+
 def default_sampling(generation_config: Any) -> SamplingParams:
     """The sampling defaults a model's generation config sets, as vLLM reads them
     (:func:`polar.proxy.engines.defaults.generation_defaults`)."""
@@ -132,7 +181,13 @@ class ModelRunner:
         logprobs_mode: Literal["raw", "processed"] = "processed",
         prefill_chunk: int = 1024,
         max_memory_bytes: int = 4 << 30,
+        device: torch.device | str = "cpu",
+        batch_sampling: bool | None = None,
     ) -> None:
+        """``device``: where the model runs (resolved, see :mod:`polar.device`);
+        float32 on the CPU, bfloat16 on a GPU. ``batch_sampling``: sample a decode
+        step's rows at once (:func:`sample_rows`) rather than one by one
+        (:func:`sample`); default: on a GPU only."""
         if prefill_chunk < 1:
             raise ValueError("prefill_chunk must be at least 1")
         from transformers import AutoModelForCausalLM
@@ -140,7 +195,13 @@ class ModelRunner:
         if threads:
             torch.set_num_threads(threads)
         self.model_dir = model_dir
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self.device = torch.device(device)
+        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.batch_sampling = (
+            self.device.type != "cpu" if batch_sampling is None else batch_sampling
+        )
+        model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype)
+        self.model = model.to(self.device)
         self.model.train(False)  # inference mode: no dropout
         config = self.model.config
         eos = self.model.generation_config.eos_token_id
@@ -158,11 +219,15 @@ class ModelRunner:
         heads = int(config.num_attention_heads)
         kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-        # float32 keys and values, every layer: bytes per cached position
-        self._kv_bytes = 2 * int(config.num_hidden_layers) * kv_heads * head_dim * 4
+        # keys and values in the model's dtype, every layer: bytes per cached position
+        size = self.dtype.itemsize
+        self._kv_bytes = 2 * int(config.num_hidden_layers) * kv_heads * head_dim * size
         self._heads = heads
         self.weights_version = 0
         self.weights_source = str(model_dir)
+        self.policy_version: int | None = None
+        """The trainer's version of the weights loaded last, when it said."""
+        self.adapters = MergedAdapters()
         self._waiting: deque[Job] = deque()
         self._cv = threading.Condition()
         self._stopping = False
@@ -203,9 +268,20 @@ class ModelRunner:
             self._cv.notify()
         self._thread.join(timeout=30)
 
-    def load_weights(self, source: Path | dict[str, torch.Tensor]) -> int:
+    def load_weights(
+        self, source: Path | dict[str, torch.Tensor], *, policy_version: int | None = None
+    ) -> int:
         """Replace the weights (a model directory, a ``.safetensors`` file, or a
-        state dict); takes effect from the next batch. Returns the new version."""
+        state dict), or merge LoRA adapters (a directory of peft's files); takes
+        effect from the next batch. Returns the new weights version."""
+        if isinstance(source, Path) and is_adapter(source):
+            adapter = read_adapter(source)
+            with self._weights_lock:
+                self.adapters.apply(self.model, adapter)
+                self.weights_version += 1
+                self.weights_source = str(source)
+                self.policy_version = policy_version
+            return self.weights_version
         if isinstance(source, dict):
             state = source
             label = "state dict"
@@ -227,8 +303,10 @@ class ModelRunner:
                     f"weights do not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
                     f"unexpected {sorted(unexpected)[:5]}"
                 )
+            self.adapters.forget()
             self.weights_version += 1
             self.weights_source = label
+            self.policy_version = policy_version
         return self.weights_version
 
     # ---------------------------------------------------------------- worker
@@ -275,6 +353,7 @@ class ModelRunner:
         for row, job in enumerate(batch):
             ids[row, width - len(job.prompt) :] = torch.tensor(job.prompt, dtype=torch.long)
             mask[row, width - len(job.prompt) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = None
         for start in range(0, width, self.prefill_chunk):
@@ -292,6 +371,7 @@ class ModelRunner:
         last = positions[:, -1]
         while True:
             next_ids = torch.full((len(batch), 1), self.pad_id, dtype=torch.long)
+            drawn = self._draw(batch, logits)
             for row, job in enumerate(batch):
                 if job.done:
                     continue
@@ -299,8 +379,10 @@ class ModelRunner:
                     job.done = True
                     job.emit(Step(None, None, finish="abort"))
                     continue
-                token, logprob = sample(
-                    logits[row], job.params, job.generator, mode=self.logprobs_mode
+                token, logprob = (
+                    drawn[row]
+                    if drawn is not None
+                    else sample(logits[row], job.params, job.generator, mode=self.logprobs_mode)
                 )
                 job.produced += 1
                 next_ids[row, 0] = token
@@ -313,10 +395,10 @@ class ModelRunner:
                 job.emit(Step(token, logprob, finish=finish))
             if all(job.done for job in batch):
                 return
-            mask = torch.cat([mask, torch.ones((len(batch), 1), dtype=torch.long)], dim=1)
+            mask = torch.cat([mask, mask.new_ones((len(batch), 1))], dim=1)
             last = last + 1
             out = self.model(
-                input_ids=next_ids,
+                input_ids=next_ids.to(self.device),
                 attention_mask=mask,
                 position_ids=last.unsqueeze(1),
                 past_key_values=cache,
@@ -326,12 +408,31 @@ class ModelRunner:
             cache = out.past_key_values
             logits = out.logits[:, -1, :]
 
+    def _draw(self, batch: list[Job], logits: torch.Tensor) -> list[tuple[int, float]] | None:
+        """Every row's token at once (:func:`sample_rows`), or None where rows are
+        sampled one by one (the CPU's default)."""
+        if not self.batch_sampling:
+            return None
+        return sample_rows(
+            logits,
+            [job.params for job in batch],
+            [job.generator for job in batch],
+            mode=self.logprobs_mode,
+        )
+
 
 def describe(runner: ModelRunner) -> dict[str, Any]:
+    adapter = runner.adapters.current
     return {
         "model_dir": str(runner.model_dir),
+        "device": str(runner.device),
+        "dtype": str(runner.dtype).removeprefix("torch."),
         "weights_version": runner.weights_version,
         "weights_source": runner.weights_source,
+        "policy_version": runner.policy_version,
+        "adapter": None
+        if adapter is None
+        else {"source": adapter.source, "rank": adapter.rank, "modules": len(adapter.factors)},
         "max_batch": runner.max_batch,
         "max_model_len": runner.max_model_len,
         "prefill_chunk": runner.prefill_chunk,

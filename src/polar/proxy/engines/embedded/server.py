@@ -2,8 +2,10 @@
 
 ``POST /v1/completions`` takes a token-id ``prompt`` and answers exactly as
 vLLM does with ``return_token_ids`` (so the gateway drives it with the same
-client as vLLM); ``POST /weights`` loads new weights in place; ``GET
-/weights`` reports the loaded version; ``GET /v1/models``, ``GET /health``.
+client as vLLM); ``POST /weights {"path", "version"?}`` loads new weights in
+place (full weights, or LoRA adapters merged in place; ``version``: the
+trainer's policy version, reported back); ``GET /weights`` reports what is
+loaded (device, dtype, versions, adapter); ``GET /v1/models``, ``GET /health``.
 """
 
 from __future__ import annotations
@@ -87,13 +89,19 @@ def create_engine_app(runner: ModelRunner, *, served_name: str) -> Starlette:
         try:
             body = orjson.loads(await request.body())
             path = Path(body["path"])
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            return _error('expected {"path": "<model dir or .safetensors file>"}')
+            policy = body.get("version")
+            if policy is not None and (not isinstance(policy, int) or isinstance(policy, bool)):
+                raise TypeError
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+            return _error(
+                'expected {"path": "<model dir, .safetensors file or adapter dir>", '
+                '"version": <int, optional>}'
+            )
         try:
-            version = await asyncio.to_thread(runner.load_weights, path)
+            version = await asyncio.to_thread(runner.load_weights, path, policy_version=policy)
         except (FileNotFoundError, ValueError, RuntimeError) as exc:
             return _error(str(exc))
-        return _json({"weights_version": version, "weights_source": str(path)})
+        return _json({**describe(runner), "weights_version": version})
 
     async def completions(request: Request) -> Response:
         try:
