@@ -8,6 +8,7 @@ seeing the failing example, and out of turns."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 
 from polar.rollout.protocol import HarnessSpec, SessionStatus, TaskStatus, TaskSubmission
 from polar.tasks.builtin import builtin_task
-from polar.tasks.pyfuncs import FuncTask, Split, generate, pyfuncs_tasks
+from polar.tasks.pyfuncs import Case, FuncTask, Split, generate, pyfuncs_tasks
 
 from support.rollout import RolloutStack, group_script
 
@@ -68,6 +69,16 @@ def test_a_group_of_four_sessions_is_scored_by_what_each_solution_deserves(
 MINICODER_TASK = "pyfuncs/keep-greater/k3"
 
 
+def case_passes(code: str, function: str, case: Case) -> bool:
+    """Whether ``code``'s ``function`` returns a hidden case's expected value."""
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "solution.py", "exec"), namespace)
+    try:
+        return bool(namespace[function](*copy.deepcopy(case.args)) == case.expected)
+    except Exception:
+        return False
+
+
 def minicoder_scripts(task: FuncTask) -> dict[str, Any]:
     """Per-session scripts: right at once; wrong, then right; wrong twice."""
 
@@ -105,23 +116,28 @@ def test_minicoder_sessions_on_a_pyfuncs_task_are_scored_by_the_pytest_evaluator
 
     assert result.status is TaskStatus.COMPLETED
     scripted = stack.engine.assignments
+    # The reward is the fraction of hidden cases passed: the wrong body gets some.
+    wrong = sum(case_passes(func.wrong, func.function, case) for case in func.hidden)
+    partly = wrong / len(func.hidden)
+    assert 0 < partly < 1
     expected = [  # reward, model calls, how the agent ended
         (1.0, 1, "minicoder: the check passes after 1 turn(s)"),
         (1.0, 2, "minicoder: the check passes after 2 turn(s)"),
-        (0.0, 2, "minicoder: out of turns (2); the check fails: "),
+        (partly, 2, "minicoder: out of turns (2); the check fails: "),
     ]
     for r in result.results:
         reward, calls, ended = expected[scripted[r.session_id]]
         details = (r.status, r.error, r.agent, r.evaluation.get("log"))
         assert r.status is SessionStatus.COMPLETED, details
-        assert (r.reward, r.resolved) == (reward, reward == 1.0), details
+        assert r.reward == pytest.approx(reward), details
+        assert r.resolved is (reward == 1.0), details
         assert r.agent["exit_code"] == 0
         assert r.agent["stderr_tail"].strip().splitlines()[-1].startswith(ended), details
         assert r.records == calls
         # Token-in/token-out: the turns of a session merge into one trainer sample.
         (sample,) = r.samples
-        assert sample["reward"] == reward
+        assert sample["reward"] == pytest.approx(reward)
         assert len(sample["source_records"]) == calls and sample["break_reason"] is None
         assert len(r.evaluation["details"]["tests"]) == len(func.hidden)
-    assert result.mean_reward == pytest.approx(2 / 3)
+    assert result.mean_reward == pytest.approx((2 + partly) / 3)
     stack.engine.assert_clean()

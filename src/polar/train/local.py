@@ -13,6 +13,7 @@ beats two threads fighting over two cores).
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -29,7 +30,8 @@ class LocalSettings:
     model: Path
     """The policy's Hugging Face model directory (its tokenizer renders prompts)."""
     root: Path
-    """Where the run's stores, sessions and weights go (emptied first)."""
+    """Where the run's stores, sessions and weights go (emptied first; the node,
+    named after this path, reaps what a killed run here left)."""
     served_name: str = "policy"
     engine_threads: int = 1
     max_batch: int = 8
@@ -80,9 +82,15 @@ def local_stack(settings: LocalSettings) -> Iterator[LocalStack]:
     from polar.testing.serverthread import ServerThread
 
     root = settings.root.resolve()
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
+    # A fresh run, but the session directories are the node's to clean: it reaps
+    # what a killed run in the same place left (mounts included) when it starts.
+    if root.is_dir():
+        for entry in root.iterdir():
+            if entry.name != "sessions":
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    root.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(16)
+    node_id = "local-" + hashlib.sha256(str(root).encode()).hexdigest()[:12]
     runner = ModelRunner(
         settings.model, max_batch=settings.max_batch, threads=settings.engine_threads
     )
@@ -106,7 +114,7 @@ def local_stack(settings: LocalSettings) -> Iterator[LocalStack]:
             engine_config["default_max_tokens"] = settings.max_tokens
         node_config = NodeConfig.model_validate(
             {
-                "node_id": f"local-{token[:8]}",
+                "node_id": node_id,
                 "server_url": server.url,
                 "control_token": token,
                 "control_port": 0,
