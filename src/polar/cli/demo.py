@@ -5,7 +5,7 @@ model smollm2``) learns to write Python functions with GRPO, through the
 whole stack: the embedded CPU engine, a rollout server and a gateway node
 (token-in/token-out, sandboxed sessions, the pytest evaluator), the reference
 trainer and its weight pushes (:mod:`polar.train.demo`). Held-out tasks are
-evaluated before and after. About ten minutes on two cores.
+evaluated before and after. About twelve minutes on two cores.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def demo(
         Path, typer.Option(help="Where records, metrics and sessions go (emptied first).")
     ] = Path("runs/demo"),
     steps: Annotated[int, typer.Option(min=1, help="GRPO steps.")] = 4,
-    heldout: Annotated[int, typer.Option(min=1, help="Held-out tasks evaluated.")] = 16,
+    heldout: Annotated[int, typer.Option(min=1, help="Held-out tasks evaluated.")] = 12,
     group_size: Annotated[int, typer.Option(min=2, help="Sessions per task (a group).")] = 4,
     groups_per_step: Annotated[int, typer.Option(min=1, help="Tasks per step.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the task order and the trainer.")] = 0,

@@ -35,8 +35,8 @@ class DemoSettings:
     workdir: Path = Path("runs/demo")
     train_tasks: str = "pyfuncs:train"
     heldout_tasks: str = "pyfuncs:heldout"
-    heldout: int = 16
-    """Held-out tasks evaluated before and after (the first ones of the family)."""
+    heldout: int = 12
+    """Held-out tasks evaluated before and after (spread over the templates)."""
     steps: int = 4
     groups_per_step: int = 2
     group_size: int = 4
@@ -46,7 +46,7 @@ class DemoSettings:
     lr: float = 2e-5
     seed: int = 0
     harness_cache: Path = DEFAULT_CACHE_DIR
-    run_slots: int = 4
+    run_slots: int = 8
     extra: dict[str, Any] = field(default_factory=dict)
     """More ``TrainConfig`` fields (merged over the demo's)."""
 
@@ -66,6 +66,7 @@ def run_demo(settings: DemoSettings, echo: Echo) -> DemoResult:
     from polar.rollout.client import RolloutClient
     from polar.rollout.protocol import TaskResult
     from polar.tasks import load_tasks
+    from polar.tasks.pyfuncs import spread
     from polar.train.batch import Group
     from polar.train.config import TrainConfig
     from polar.train.evaluation import evaluate, solved
@@ -79,7 +80,7 @@ def run_demo(settings: DemoSettings, echo: Echo) -> DemoResult:
         "options": {"max_turns": settings.max_turns, "max_tokens": settings.max_tokens},
     }
     sampling = {"temperature": settings.temperature}
-    heldout = load_tasks(settings.heldout_tasks)[: settings.heldout]
+    heldout = spread(load_tasks(settings.heldout_tasks), settings.heldout)
     local = LocalSettings(
         model=settings.model,
         root=settings.workdir,

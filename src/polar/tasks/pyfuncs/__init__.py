@@ -37,6 +37,7 @@ __all__ = [
     "Split",
     "generate",
     "pyfuncs_tasks",
+    "spread",
 ]
 
 SOURCES = {"pyfuncs:train": Split.TRAIN, "pyfuncs:heldout": Split.HELDOUT}
@@ -53,3 +54,19 @@ def pyfuncs_tasks(split: Split, root: Path = DEFAULT_DIR, seed: int = SEED) -> l
     return [
         as_task(task, directory / directory_name(task)) for task in family if task.split is split
     ]
+
+
+def spread(tasks: list[Task], count: int) -> list[Task]:
+    """``count`` of ``tasks`` taken in turn from each template (the first of each,
+    then the second...), in a fixed order: a small evaluation set that covers the
+    family rather than its first template."""
+    by_template: dict[str, list[Task]] = {}
+    for task in tasks:
+        by_template.setdefault(str(task.metadata.get("template")), []).append(task)
+    queues = [list(reversed(group)) for group in by_template.values()]
+    chosen: list[Task] = []
+    while len(chosen) < min(count, len(tasks)):
+        for queue in queues:
+            if queue and len(chosen) < count:
+                chosen.append(queue.pop())
+    return chosen

@@ -1,0 +1,105 @@
+"""The README's "first RL run", pasted in order as a user would, on the real
+model: the embedded engine serving SmolLM2, ``polar serve`` from the README's
+YAML, ``polar submit`` of two held-out tasks, ``polar train`` until a step with
+a non-zero gradient, and ``polar dashboard`` answering.
+
+Three changes to the README's text, each printed on failure: its ports are
+replaced by free ones (a test machine may have those taken), ``steps: 4``
+becomes ``steps: 1`` (CI time), and the dashboard, which a user leaves in the
+foreground, is started in the background and asked for its training page. The
+commands run in a scratch directory where ``.venv`` and ``.cache`` link to the
+checkout's (the README's paths are relative to the repository root).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[1]
+BEGIN = "<!-- first-rl-run:"
+END = "<!-- /first-rl-run -->"
+BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
+PORTS = ("8011", "8200", "8300", "8400")
+
+
+def readme_blocks() -> list[str]:
+    text = (PROJECT / "README.md").read_text()
+    section = text[text.index(BEGIN) : text.index(END)]
+    return BLOCK.findall(section)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def test_the_readme_section_is_four_blocks_ending_in_the_dashboard() -> None:
+    blocks = readme_blocks()
+    assert len(blocks) == 4
+    assert "polar engine serve" in blocks[0] and "polar serve -c" in blocks[0]
+    assert "polar submit" in blocks[1] and "polar train" in blocks[2]
+    assert "polar dashboard" in blocks[-1]
+    assert "steps: 4" in blocks[2]
+
+
+@pytest.mark.slow
+def test_the_first_rl_run_reaches_a_training_step_with_a_gradient(tmp_path: Path) -> None:
+    *commands, dashboard = readme_blocks()
+    script = "\n".join(commands).replace("steps: 4", "steps: 1")
+    ports = {port: str(free_port()) for port in PORTS}
+    dashboard_port = ports["8400"]
+    dashboard = dashboard.strip() + f" --port {dashboard_port}"
+    for old, new in ports.items():
+        script = script.replace(old, new)
+        dashboard = dashboard.replace(old, new)
+    probe = (
+        f'until curl -sf -H "Authorization: Bearer $POLAR_CONTROL_TOKEN" '
+        f"http://127.0.0.1:{dashboard_port}/training > runs/first/training.html; "
+        "do sleep 1; done"
+    )
+    whole = "\n".join(
+        [
+            "set -euo pipefail",
+            "trap 'kill $(jobs -p) 2> /dev/null; wait' EXIT",
+            script,
+            f"{dashboard} > runs/first/dashboard.log 2>&1 &",
+            probe,
+        ]
+    )
+    for name in (".venv", ".cache"):
+        (tmp_path / name).symlink_to(PROJECT / name)
+    done = subprocess.run(
+        ["bash", "-c", whole],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        stdin=subprocess.DEVNULL,
+    )
+    first = tmp_path / "runs" / "first"
+    logs = {
+        name: (first / name).read_text()[-2000:]
+        for name in ("engine.log", "serve.log", "dashboard.log")
+        if (first / name).is_file()
+    }
+    context = (whole, done.stdout[-4000:], done.stderr[-4000:], logs)
+    assert done.returncode == 0, context
+    # polar submit printed both held-out tasks' groups, scored
+    assert "pyfuncs/add/k16" in done.stdout and "pyfuncs/count-greater/k1" in done.stdout, context
+    steps = [
+        json.loads(line)
+        for line in (first / "train" / "metrics.jsonl").read_text().splitlines()
+        if '"trainer/grad_norm"' in line
+    ]
+    assert [row["step"] for row in steps] == [1], context
+    assert steps[0]["trainer/grad_norm"] > 0, (steps, context)
+    assert steps[0]["push/served_version"] == 2, steps
+    assert "reward" in (first / "training.html").read_text().lower()
