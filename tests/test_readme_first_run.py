@@ -5,7 +5,9 @@ a non-zero gradient, and ``polar dashboard`` answering.
 
 Three changes to the README's text, each printed on failure: its ports are
 replaced by free ones (a test machine may have those taken), ``steps: 4``
-becomes ``steps: 1`` (CI time), and the dashboard, which a user leaves in the
+becomes ``steps: 2`` (CI time; two steps, not one, because both groups of a
+step can score alike at temperature 1: on CI, one step's eight sessions all
+scored 0), and the dashboard, which a user leaves in the
 foreground, is started in the background and asked for its training page. The
 commands run in a scratch directory where ``.venv`` and ``.cache`` link to the
 checkout's (the README's paths are relative to the repository root).
@@ -53,7 +55,7 @@ def test_the_readme_section_is_four_blocks_ending_in_the_dashboard() -> None:
 @pytest.mark.slow
 def test_the_first_rl_run_reaches_a_training_step_with_a_gradient(tmp_path: Path) -> None:
     *commands, dashboard = readme_blocks()
-    script = "\n".join(commands).replace("steps: 4", "steps: 1")
+    script = "\n".join(commands).replace("steps: 4", "steps: 2")
     ports = {port: str(free_port()) for port in PORTS}
     dashboard_port = ports["8400"]
     dashboard = dashboard.strip() + f" --port {dashboard_port}"
@@ -91,6 +93,7 @@ def test_the_first_rl_run_reaches_a_training_step_with_a_gradient(tmp_path: Path
         if (first / name).is_file()
     }
     context = (whole, done.stdout[-4000:], done.stderr[-4000:], logs)
+    print(whole, done.stdout[-8000:], done.stderr[-4000:], sep="\n")  # shown on failure
     assert done.returncode == 0, context
     # polar submit printed both held-out tasks' groups, scored
     assert "pyfuncs/add/k16" in done.stdout and "pyfuncs/count-greater/k1" in done.stdout, context
@@ -99,7 +102,7 @@ def test_the_first_rl_run_reaches_a_training_step_with_a_gradient(tmp_path: Path
         for line in (first / "train" / "metrics.jsonl").read_text().splitlines()
         if '"trainer/grad_norm"' in line
     ]
-    assert [row["step"] for row in steps] == [1], context
-    assert steps[0]["trainer/grad_norm"] > 0, (steps, context)
-    assert steps[0]["push/served_version"] == 2, steps
+    assert [row["step"] for row in steps] == [1, 2], context
+    assert any(row["trainer/grad_norm"] > 0 for row in steps), (steps, context)
+    assert [row["push/served_version"] for row in steps] == [2, 3], steps
     assert "reward" in (first / "training.html").read_text().lower()
