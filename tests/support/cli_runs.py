@@ -7,7 +7,9 @@ embedded engine and the engine-rendered runs in front of real vLLM.
 
 The tiny model sometimes draws a tool call its CLI cannot use: one the CLI does
 not offer (another CLI's tool), or one that does not parse (it reaches the CLI
-as text, see :mod:`polar.proxy.render.parse`). The CLI then runs nothing and
+as text, see :mod:`polar.proxy.render.parse`), or no tool call at all (a prompt
+that differs from the rehearsed one, another path or date, can leave a second
+token in the nucleus at the CLI's temperature). The CLI then runs nothing and
 may give up. That is the model's draw, not the path under test, so
 :func:`run_cli` runs the CLI once more, once, when a run that did not finish
 shows one of those draws in its records; any other failure stands, and so
@@ -29,7 +31,7 @@ import httpx
 
 from polar.harness import RunSpec, load_harness, run_harness
 from polar.harness.process import ProcessResult
-from polar.ir import CompletionRecord, DeliveryIssue, PromptOrigin, RecordStatus
+from polar.ir import CompletionRecord, DeliveryIssue, PromptOrigin, RecordStatus, ToolCall
 from polar.proxy.app import create_app
 from polar.proxy.config import GatewayConfig
 from polar.proxy.gateway import Gateway
@@ -65,8 +67,13 @@ class CliRun:
 
     @property
     def unusable_draw(self) -> bool:
-        """The model called a tool the CLI does not offer, or one that does not parse."""
-        return any(
+        """The model called a tool the CLI does not offer, or one that does not
+        parse, or wrote no tool call in any call."""
+        called = any(
+            r.message is not None and any(isinstance(p, ToolCall) for p in r.message.parts)
+            for r in self.records
+        )
+        return not called or any(
             r.malformed_tool_calls
             or any(f.issue is DeliveryIssue.TOOL_NOT_OFFERED for f in r.delivery_flags)
             for r in self.records
@@ -134,9 +141,14 @@ def check_received(exchange: Exchange, record: CompletionRecord, tokenizer: Any)
     """What the CLI got is what the sampled ids say, nothing added or lost."""
     text, calls = decoded_turn(record, tokenizer)
     got = received_turn(exchange)
-    assert got.tool_calls == calls, (got, text)
     reasoning, sep, answer = text.partition("</think>")
-    assert sep, text
+    if not sep:
+        # The prompt opened the block and the model never closed it: all of it is
+        # reasoning (see polar.proxy.render.parse), tool-call tags included.
+        opened = tokenizer.decode(list(record.prompt_ids[-3:])).rstrip().endswith("<think>")
+        assert opened, text
+        calls, reasoning, answer = [], text, ""
+    assert got.tool_calls == calls, (got, text)
     assert got.reasoning.strip() == reasoning.removeprefix("<think>").strip(), (got, text)
     assert got.text.strip() == TOOL_CALL.sub("", answer).strip(), (got, text)
 
