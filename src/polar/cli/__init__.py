@@ -1,9 +1,20 @@
-"""The ``polar`` command line."""
+"""The ``polar`` command line.
+
+One grammar across every command: ``-h``/``--help`` and ``polar --version``;
+the short flags ``-c`` (``--config``), ``-f`` (``--format``) and ``-o``
+(``--output``) mean the same wherever a command has them; defaults read
+``[default: X]`` in every ``--help``; a failure is one line on stderr,
+``polar <command>: error: <message>``, with exit status 2 for a usage or
+configuration error and 1 for a failure at run time (:mod:`polar.cli.errors`).
+"""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+from polar import __version__
 from polar.cli import (
     build,
     dashboard,
@@ -25,7 +36,28 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        print(f"polar {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Polar: RL for unmodified coding-agent harnesses."""
+
+
 app.command("gateway")(gateway.gateway)
 app.command("records")(records.records)
 app.command("build")(build.build)

@@ -37,7 +37,7 @@ def dashboard(
     ] = None,
     tokenizer: Annotated[
         Path | None,
-        typer.Option(help="Tokenizer directory of the served model (default: bundled Qwen3)."),
+        typer.Option(help="Tokenizer directory of the served model.", show_default="bundled Qwen3"),
     ] = None,
     builder: Annotated[
         str, typer.Option(help="Trajectory builder for the token view (as the node's).")

@@ -123,7 +123,7 @@ def run_command(
     ] = None,
     home: Annotated[
         Path | None,
-        typer.Option(help="HOME for the harness (default: a fresh temporary directory)."),
+        typer.Option(help="HOME for the harness.", show_default="a fresh temporary directory"),
     ] = None,
 ) -> None:
     """Run one instruction through a harness headless (stdin closed) and exit with its status."""
