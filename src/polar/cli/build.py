@@ -107,6 +107,9 @@ def build(
     if output is None:
         path.parent.mkdir(parents=True, exist_ok=True)
     samples = samples_of(trajectory, include_untrainable=all_traces)
+    if not samples:  # no file rather than an empty one a trainer would read as data
+        typer.echo(_summary(trajectory, 0, None))
+        return
     try:
         write_samples(samples, path, fmt)
     except TrajectoryError as exc:
@@ -154,12 +157,16 @@ def _decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
     return TokenText(tokenizer).decode
 
 
-def _summary(trajectory: Trajectory, written: int, path: Path) -> str:
+def _summary(trajectory: Trajectory, written: int, path: Path | None) -> str:
     accounting = trajectory.accounting
+    wrote = (
+        f"wrote {written} samples to {path}"
+        if path is not None
+        else "no sample to write, no file written (--all-traces writes untrained traces too)"
+    )
     lines = [
         f"{trajectory.session_id}: {trajectory.builder}, {_n(len(trajectory.chains), 'chain')}, "
-        f"{_n(len(trajectory.traces), 'trace')} ({len(trajectory.trainable)} trainable); "
-        f"wrote {written} samples to {path}",
+        f"{_n(len(trajectory.traces), 'trace')} ({len(trajectory.trainable)} trainable); " + wrote,
         f"delivered {accounting.delivered} of {accounting.captured} generated tokens "
         f"({100 * accounting.delivered_fraction:.1f}%)",
     ]
