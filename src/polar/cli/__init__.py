@@ -10,6 +10,7 @@ configuration error and 1 for a failure at run time (:mod:`polar.cli.errors`).
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -75,5 +76,12 @@ app.add_typer(engine.app, name="engine")
 app.add_typer(harness.app, name="harness")
 
 
+THIRD_PARTY_QUIET = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+"""Set for the process (unless already set) before anything imports transformers: its
+bars ("Loading weights", downloads) would break into the commands' own output."""
+
+
 def main() -> None:
+    for name, value in THIRD_PARTY_QUIET.items():
+        os.environ.setdefault(name, value)
     app()
