@@ -71,7 +71,9 @@ def test_o_is_output_in_build_and_not_an_option_elsewhere() -> None:
     assert "-o, --output" in polar("build", "-h").stdout
     result = polar("harness", "run", "shell", "-o", "command=true")
     assert result.returncode == 2
-    assert "No such option: -o" in result.stderr
+    assert result.stderr.splitlines() == [
+        "polar harness run: error: No such option: -o (see polar harness run -h)"
+    ]
 
 
 # ------------------------------------------------------------------ -h and --version
@@ -80,6 +82,13 @@ def test_o_is_output_in_build_and_not_an_option_elsewhere() -> None:
 def test_version_prints_the_package_version() -> None:
     result = polar("--version")
     assert (result.returncode, result.stdout) == (0, f"polar {__version__}\n")
+
+
+def test_a_group_alone_prints_its_help() -> None:
+    result = polar("harness")
+    assert result.returncode == 2
+    assert result.stderr.startswith("Usage: polar harness [OPTIONS] COMMAND")
+    assert "list" in result.stderr and "install" in result.stderr
 
 
 def test_dash_h_is_help_in_every_command() -> None:
@@ -119,8 +128,9 @@ def test_a_config_file_reports_every_error_at_once_with_the_closest_field(
 @pytest.mark.parametrize(
     ("args", "code", "line"),
     [
-        # usage: a flag no command has
-        (("records", "s", "--colour"), 2, None),
+        # usage: a flag the command does not have, a missing argument
+        (("records", "s", "--colour"), 2, "polar records: error: No such option: --colour"),
+        (("build",), 2, "polar build: error: Missing argument 'session' (see polar build -h)"),
         # configuration: a value the command refuses
         (("build", "s", "--builder", "nope"), 2, "polar build: error: unknown builder 'nope'"),
         # run time: the store is not there
@@ -128,13 +138,12 @@ def test_a_config_file_reports_every_error_at_once_with_the_closest_field(
     ],
 )
 def test_usage_and_configuration_exit_2_and_run_time_failures_1(
-    args: tuple[str, ...], code: int, line: str | None, tmp_path: Path
+    args: tuple[str, ...], code: int, line: str, tmp_path: Path
 ) -> None:
     result = polar(*(a.format(tmp=tmp_path) for a in args))
     assert result.returncode == code, result.stderr
-    if line is not None:
-        (only,) = result.stderr.splitlines()
-        assert only.startswith(line)
+    (only,) = result.stderr.splitlines()
+    assert only.startswith(line)
 
 
 # ------------------------------------------------------------------ defaults

@@ -11,6 +11,7 @@ configuration error and 1 for a failure at run time (:mod:`polar.cli.errors`).
 from __future__ import annotations
 
 import os
+import sys
 from typing import Annotated
 
 import typer
@@ -84,4 +85,21 @@ bars ("Loading weights", downloads) would break into the commands' own output.""
 def main() -> None:
     for name, value in THIRD_PARTY_QUIET.items():
         os.environ.setdefault(name, value)
-    app()
+    # Typer vendors Click (pinned in pyproject.toml); its usage errors are the one
+    # kind of failure that does not go through polar.cli.errors.fail.
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+
+    try:
+        code = typer.main.get_command(app).main(prog_name="polar", standalone_mode=False)
+    except NoArgsIsHelpError as exc:  # `polar` or `polar harness` alone: the help
+        exc.show()
+        sys.exit(exc.exit_code)
+    except UsageError as exc:
+        path = exc.ctx.command_path if exc.ctx is not None else "polar"
+        message = exc.format_message().rstrip(".")
+        print(f"{path}: error: {message} (see {path} -h)", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        print("polar: aborted", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
