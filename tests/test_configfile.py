@@ -70,3 +70,49 @@ def test_an_empty_file_is_an_empty_mapping_and_a_missing_one_an_error(tmp_path: 
     assert read_yaml(empty) == {}
     with pytest.raises(ConfigError, match=r"missing.yaml: cannot read \(No such file"):
         read_yaml(tmp_path / "missing.yaml")
+
+
+class Pool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    engines: list[Engine] = []
+    by_name: dict[str, Engine] = {}
+    fallback: Engine | None = None
+
+
+def test_every_problem_is_listed_at_once_each_unknown_field_with_the_closest_known(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("port: many\nengine: {base_urll: http://a, modle: m}\nprot: 1\n")
+
+    with pytest.raises(ConfigError) as caught:
+        load_config(Settings, path, {})
+
+    assert str(caught.value) == (
+        f"{path}: port: Input should be a valid integer, unable to parse string as an integer; "
+        "engine.base_url: field required; "
+        "engine.base_urll: unknown field (did you mean base_url?); "
+        "engine.modle: unknown field (did you mean model?); "
+        "prot: unknown field (did you mean port?)"
+    )
+
+
+def test_the_closest_field_is_found_inside_lists_dicts_and_optionals() -> None:
+    data = {
+        "engines": [{"base_url": "a", "mdoel": "m"}],
+        "by_name": {"x": {"base_ulr": "b"}},
+        "fallback": {"base_url": "c", "zzz": 1},
+        "engins": [],
+    }
+
+    with pytest.raises(ConfigError) as caught:
+        load_config(Pool, None, data)
+
+    assert str(caught.value).split("; ") == [
+        "engines.0.mdoel: unknown field (did you mean model?)",
+        "by_name.x.base_url: field required",
+        "by_name.x.base_ulr: unknown field (did you mean base_url?)",
+        "fallback.zzz: unknown field",
+        "engins: unknown field (did you mean engines?)",
+    ]

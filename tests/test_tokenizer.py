@@ -39,3 +39,25 @@ def test_a_directory_without_a_tokenizer_is_one_line_naming_it(tmp_path: Path) -
     message = str(caught.value)
     assert message.startswith(f"cannot load a tokenizer from {tmp_path / 'empty'} (")
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["qwen3", "smollm2-135m-instruct", "tiny-qwen3"])
+def test_the_class_the_config_names_loads_what_auto_tokenizer_loads(name: str) -> None:
+    from transformers import AutoTokenizer
+
+    directory = QWEN3_TOKENIZER_DIR if name == "qwen3" else Path(".cache/models") / name
+    if not (directory / "tokenizer_config.json").is_file():
+        pytest.skip(f"no {directory}")
+    direct, auto = load_tokenizer(directory), AutoTokenizer.from_pretrained(str(directory))
+    assert type(direct) is type(auto)
+    text = "def add(a, b):\n    return a + b  # <|im_end|> ünïcode"
+    assert direct.encode(text) == auto.encode(text)
+    assert (direct.eos_token, direct.pad_token, len(direct)) == (
+        auto.eos_token,
+        auto.pad_token,
+        len(auto),
+    )
+    conversation = [{"role": "user", "content": "hi"}]
+    assert direct.apply_chat_template(conversation, tokenize=False) == auto.apply_chat_template(
+        conversation, tokenize=False
+    )

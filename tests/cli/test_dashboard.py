@@ -29,7 +29,8 @@ def polar_dashboard(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ((), "no control token"),
+        (("--server", "http://127.0.0.1:9"), "--server needs its control token"),
+        (("--host", "0.0.0.0"), "--host 0.0.0.0 needs a control token"),
         (("--token", "short"), "16 to 512 visible ASCII characters"),
         (("--token", TOKEN, "--store", "/nonexistent/records.db"), "no record store there"),
         (("--token", TOKEN, "--server", "ftp://x"), "--server must start with http"),
@@ -44,13 +45,16 @@ def test_bad_flags_get_one_line_and_exit_2(args: tuple[str, ...], message: str) 
     assert message in lines[0]
 
 
-def test_the_dashboard_serves_once_started(tmp_path: Path) -> None:
+@pytest.mark.parametrize("token", [TOKEN, None])
+def test_the_dashboard_serves_once_started(tmp_path: Path, token: str | None) -> None:
+    """Without a rollout server, a token is not needed: no login then."""
     port = free_port()
     proc = subprocess.Popen(
-        [*POLAR, "dashboard", "--token", TOKEN, "--port", str(port)],
+        [*POLAR, "dashboard", "--port", str(port), *(("--token", token) if token else ())],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env={k: v for k, v in os.environ.items() if k != "POLAR_CONTROL_TOKEN"},
     )
     try:
         deadline = time.monotonic() + 120
@@ -63,8 +67,10 @@ def test_the_dashboard_serves_once_started(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "polar dashboard did not start"
                 time.sleep(0.2)
         assert reply.json() == {"status": "ok"}
+        page = httpx.get(f"http://127.0.0.1:{port}/", timeout=30)
+        assert page.status_code == 303 if token else 200
         page = httpx.get(
-            f"http://127.0.0.1:{port}/", headers={"authorization": f"Bearer {TOKEN}"}, timeout=30
+            f"http://127.0.0.1:{port}/", headers={"authorization": f"Bearer {token}"}, timeout=30
         )
         assert page.status_code == 200
         assert "No rollout server given" in page.text

@@ -64,16 +64,20 @@ def test_bad_config_file_gives_one_line_naming_the_field(tmp_path: Path) -> None
     assert "engine.max_attempts" in lines[0] and lines[0].startswith("polar gateway: error:")
 
 
-def test_unknown_config_field_is_named(tmp_path: Path) -> None:
+def test_every_config_error_is_named_at_once_with_the_closest_field(tmp_path: Path) -> None:
     config = tmp_path / "gateway.yaml"
     config.write_text(
         "admin_token: 0123456789abcdef0123\n"
-        "engine: {base_url: 'http://x:1', model: m}\n"
+        "engine: {base_urll: 'http://x:1', model: m}\n"
         "prot: 8000\n"
     )
     result = polar("gateway", "--config", str(config))
     assert result.returncode == 2
-    assert result.stderr.strip() == f"polar gateway: error: {config}: prot: unknown field"
+    assert result.stderr.strip() == (
+        f"polar gateway: error: {config}: engine.base_url: field required; "
+        "engine.base_urll: unknown field (did you mean base_url?); "
+        "prot: unknown field (did you mean port?)"
+    )
 
 
 def test_flags_override_the_file_and_check_prints_the_result(tmp_path: Path) -> None:

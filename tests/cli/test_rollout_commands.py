@@ -147,7 +147,8 @@ def test_serve_rejects_a_bad_config_in_one_line(tmp_path: Path) -> None:
     result = polar("serve", "-c", str(config), "--check")
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "polar serve: error: server.port: Input should be greater than or equal to 0"
+        "polar serve: error: server.port: Input should be greater than or equal to 0; "
+        "node.gateway.engine: field required"  # every problem at once
     )
 
 

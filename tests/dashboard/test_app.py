@@ -4,10 +4,14 @@ in, what unknown ids and bad parameters get, and the headers every answer has.""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
+from polar.dashboard import DashboardConfig
 from polar.dashboard.app import CSP
 
 from support.dashboard import TOKEN, Dashboard
@@ -52,6 +56,31 @@ def test_the_api_without_the_token_is_401(anonymous: httpx.Client, path: str) ->
     assert reply.json()["error"]["type"] == "unauthorized"
     wrong = anonymous.get(path, headers={"authorization": "Bearer not-the-token-at-all"})
     assert wrong.status_code == 401
+
+
+def test_without_a_server_or_a_token_nothing_asks_for_one(
+    recorded_store: Path, tokenizer: Any
+) -> None:
+    board = Dashboard(tokenizer, stores=(recorded_store,), control_token=None)
+    try:
+        with httpx.Client(base_url=board.url, timeout=60) as open_client:
+            for path in [*PAGES, *API[2:]]:
+                assert open_client.get(path).status_code == 200, path
+            assert open_client.get("/login").headers["location"] == "/"
+    finally:
+        board.close()
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"server_url": "http://127.0.0.1:9"}, "a rollout server needs its control token"),
+        ({"host": "0.0.0.0"}, "listening on 0.0.0.0 needs a control token"),
+    ],
+)
+def test_a_server_or_a_public_address_needs_a_token(config: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        DashboardConfig(**config)
 
 
 def test_the_login_form_sets_a_cookie_that_is_not_the_token(anonymous: httpx.Client) -> None:

@@ -106,3 +106,38 @@ def test_the_token_view_shows_every_token_with_its_mask_colour(
         assert f"id {trace.response_ids[response_at]}" in tip
         assert f"logprob {trace.response_logprobs[response_at]:.4f}" in tip
         assert console_errors(driver) == []
+
+
+FIRST_TRAINED = """const span = document.querySelector('#tokens .first-trained');
+    const box = span.getBoundingClientRect();
+    return {i: Number(span.dataset.i), top: box.top, bottom: box.bottom,
+            height: innerHeight, scrolled: scrollY,
+            landed: document.getElementById('tokens').dataset.landedAt}"""
+
+
+def test_the_token_view_opens_on_the_first_trained_token(
+    logged_in: Any, dashboard: Dashboard, tokenizer: Any
+) -> None:
+    """Past a prompt taller than the window, the view lands on the first trained
+    token; the summary's link goes back to it after scrolling away."""
+    driver = logged_in
+    console_errors(driver)  # drain what the login left
+    driver.set_window_size(1400, 900)
+    session = "qwen_code.token_in_token_out"
+    (trace, *_) = (
+        PrefixMerge(BuildConfig(turns=TurnFormat.from_tokenizer(tokenizer)))
+        .build(recorded_sessions()[session])
+        .traces
+    )
+    first = len(trace.prompt_ids) + list(trace.loss_mask).index(1)
+    driver.get(f"{dashboard.url}/sessions/{session}/traces/0")
+    token_view_ready(driver)
+    shown = wait_for(lambda: driver.execute_script(FIRST_TRAINED), "the first trained token")
+    assert (shown["i"], shown["landed"]) == (first, str(first))
+    assert shown["scrolled"] > 1000  # the prompt above it is long
+    assert shown["top"] >= 0 and shown["bottom"] <= shown["height"]
+    driver.execute_script("window.scrollTo(0, 0)")
+    driver.find_element(By.ID, "first-trained-link").click()
+    again = driver.execute_script(FIRST_TRAINED)
+    assert again["scrolled"] > 1000 and again["top"] >= 0 and again["bottom"] <= again["height"]
+    assert console_errors(driver) == []

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from polar.harness import Harness, load_harness
+from polar.harness import PRESETS, Harness, load_harness
 
 
 def polar(
@@ -39,9 +39,9 @@ def test_install_of_the_shell_preset_has_nothing_to_do() -> None:
     assert result.stdout == "shell: nothing to install\n"
 
 
-def test_install_of_an_unknown_harness_is_a_one_line_error() -> None:
+def test_install_of_an_unknown_harness_is_a_one_line_usage_error() -> None:
     result = polar("install", "aider")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert one_line(result.stderr).startswith("polar harness install: error: unknown harness")
 
 
@@ -53,6 +53,17 @@ def test_install_keeps_what_the_cache_already_has(
     result = polar("install", "pi", "--cache", str(harness_cache))
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"kept pi 0.73.1 {path}\n"
+
+
+def test_list_names_every_preset_its_pinned_cli_and_whether_the_cache_has_it(
+    tmp_path: Path,
+) -> None:
+    result = polar("list", "--cache", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split(maxsplit=1)[1] for line in result.stdout.splitlines()}
+    assert list(rows) == list(PRESETS)
+    assert rows["pi"].split() == ["@mariozechner/pi-coding-agent", "0.73.1", "not", "installed"]
+    assert rows["shell"].split() == ["-", "nothing", "to", "install"]
 
 
 def run_shell(command: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -85,12 +96,12 @@ def test_run_past_the_timeout_exits_124_with_one_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["aider"], 1, "polar harness run: error: unknown harness 'aider'"),
-        (["shell"], 1, "polar harness run: error: shell: needs a command"),
+        (["aider"], 2, "polar harness run: error: unknown harness 'aider'"),
+        (["shell"], 2, "polar harness run: error: shell: needs a command"),
         (["shell", "--option", "oops"], 2, "polar harness run: error: --option expects KEY=VALUE"),
         (
             ["pi", "--option", "colour=red"],
-            1,
+            2,
             "polar harness run: error: harness pi: unknown options",
         ),
     ],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +60,11 @@ if args[0] == "install":
     command = bin_dir / control.get("bin", "fake")
     command.write_text("#!/bin/sh\\necho fake\\n")
     command.chmod(0o755)
+    for vendored in control.get("vendored", []):  # published without the execute bit
+        path = package / vendored
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\\necho vendored\\n")
+        path.chmod(0o644)
 """
 
 PACKAGE = NpmPackage("@acme/fake-cli", "1.2.3", bin="fake")
@@ -115,6 +121,27 @@ def test_only_the_package_own_install_scripts_run(tmp_path: Path, npm: Path) -> 
     (first, second) = calls(npm)
     assert "--ignore-scripts" in first
     assert second[:2] == ["rebuild", "native-cli"]
+
+
+def test_files_a_package_runs_get_their_execute_bit_even_in_an_older_install(
+    tmp_path: Path, npm: Path
+) -> None:
+    cache = tmp_path / "cache"
+    control(npm, vendored=["vendor/ripgrep/x64-linux/rg", "vendor/ripgrep/arm64-linux/rg"])
+    install(PACKAGE, cache, Toolchain(npm=str(npm)))  # an install from before the fix
+    vendored = sorted((npm_prefix(PACKAGE, cache) / "node_modules").glob("@acme/*/vendor/*/*/rg"))
+    assert [p.stat().st_mode & 0o111 for p in vendored] == [0, 0]
+    package = NpmPackage(PACKAGE.name, PACKAGE.version, bin="fake", executables=("vendor/*/*/rg",))
+    install(package, cache, Toolchain(npm=str(npm)))
+    assert len(calls(npm)) == 1  # nothing reinstalled
+    assert [p.stat().st_mode & 0o111 for p in vendored] == [0o111, 0o111]
+    assert subprocess.run([vendored[0]], capture_output=True, text=True).stdout == "vendored\n"
+
+
+def test_qwen_code_marks_its_bundled_ripgrep_executable() -> None:
+    package = load_harness("qwen_code").package
+    assert isinstance(package, NpmPackage)
+    assert package.executables == ("vendor/ripgrep/*/rg",)
 
 
 def test_another_pinned_version_is_installed_over_the_old_one(tmp_path: Path, npm: Path) -> None:

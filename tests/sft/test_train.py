@@ -5,6 +5,9 @@ a float32 model written out."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +83,20 @@ def test_polar_sft_in_bfloat16_writes_float32_weights(
     assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
     # auto: float32 compute on a CPU (bfloat16 only on a GPU that has it)
     assert default_precision(torch.device("cpu")) is Precision.FLOAT32
+
+
+def test_polar_sft_as_a_process_prints_no_third_party_progress_bar(
+    tiny_model: Path, tokenizer: Any, tmp_path: Path
+) -> None:
+    data = token_export(tmp_path / "data", tokenizer)
+    args = ["--model", str(tiny_model), "--out", str(tmp_path / "sft"), "--max-steps", "1"]
+    result = subprocess.run(
+        [sys.executable, "-m", "polar", "sft", str(data), *args, "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""  # transformers' "Loading weights: 100%|...| 24/24" before
+    assert result.stdout.startswith("trained 1 steps on 1 rows")

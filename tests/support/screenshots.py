@@ -128,10 +128,20 @@ def shoot(driver: Any, board: Dashboard, stack: RolloutStack, root: Path, out: P
 
             ActionChains(driver).move_to_element(trained[len(trained) // 2]).perform()
     driver.save_screenshot(str(out / "dashboard-tokens-hover.png"))
+    first_trained(driver, board.url, out)
     with stack.client() as client:
         client.cancel(running)
     driver.get(f"{board.url}/training")
     driver.save_screenshot(str(out / "dashboard-training.png"))
+
+
+def first_trained(driver: Any, url: str, out: Path) -> None:
+    """The token view as it opens: on the first trained token, past the prompt."""
+    driver.get(f"{url}/sessions/qwen_code.token_in_token_out/traces/0")
+    token_view_ready(driver)
+    wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "#tokens .first-trained"), "landing")
+    time.sleep(0.5)
+    driver.save_screenshot(str(out / "dashboard-tokens-first-trained.png"))
 
 
 if __name__ == "__main__":

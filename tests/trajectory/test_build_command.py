@@ -159,6 +159,23 @@ def test_bad_input_is_a_one_line_error_and_writes_nothing(
     assert files() == before
 
 
+def test_a_session_with_no_sample_to_write_writes_no_file(
+    store: tuple[Path, str, list[CompletionRecord]], tmp_path: Path
+) -> None:
+    db, session, _ = store
+    classes = tmp_path / "classes.yaml"
+    classes.write_text("policies:\n  main: {trainable: false}\n")  # nothing trained
+    out = tmp_path / "samples.parquet"
+    args = [session, "--store", str(db), "--classes", str(classes), "-o", str(out)]
+    code, stdout, stderr = run(*args)
+    assert code == 0, stderr
+    assert "(0 trainable); no sample to write, no file written" in stdout.splitlines()[0]
+    assert not out.exists()
+    code, stdout, _ = run(*args, "--all-traces")
+    assert code == 0 and f"wrote 2 samples to {out}" in stdout
+    assert len(read_samples(str(out))) == 2  # a str path reads as a Path does
+
+
 def test_class_policies_come_from_a_yaml_file(
     store: tuple[Path, str, list[CompletionRecord]], tmp_path: Path
 ) -> None:

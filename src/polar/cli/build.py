@@ -38,7 +38,7 @@ def build(
     format: Annotated[
         SampleFormat | None,
         typer.Option(
-            "--format", "-f", help="Sample file format (default: from --output, else parquet)."
+            "--format", "-f", help="Sample file format.", show_default="from --output, else parquet"
         ),
     ] = None,
     output: Annotated[
@@ -46,15 +46,19 @@ def build(
         typer.Option(
             "--output",
             "-o",
-            help="Sample file (default: runs/trajectories/SESSION.BUILDER.FORMAT).",
+            help="Sample file.",
+            show_default="runs/trajectories/SESSION.BUILDER.FORMAT",
         ),
     ] = None,
     tokenizer: Annotated[
         Path | None,
-        typer.Option(help="Tokenizer directory with the chat template (default: bundled Qwen3)."),
+        typer.Option(
+            help="Tokenizer directory with the chat template.", show_default="bundled Qwen3"
+        ),
     ] = None,
     end_of_turn: Annotated[
-        str | None, typer.Option(help="The token that ends a turn (default: the tokenizer's eos).")
+        str | None,
+        typer.Option(help="The token that ends a turn.", show_default="the tokenizer's eos"),
     ] = None,
     classes: Annotated[
         Path | None,
@@ -64,7 +68,8 @@ def build(
         float | None, typer.Option(help="The session's outcome reward, scaled per chain class.")
     ] = None,
     group_id: Annotated[
-        str | None, typer.Option(help="GRPO group id (default: the session's group_id metadata).")
+        str | None,
+        typer.Option(help="GRPO group id.", show_default="the session's group_id metadata"),
     ] = None,
     all_traces: Annotated[
         bool, typer.Option("--all-traces", help="Also write traces whose class is not trained.")
@@ -102,6 +107,9 @@ def build(
     if output is None:
         path.parent.mkdir(parents=True, exist_ok=True)
     samples = samples_of(trajectory, include_untrainable=all_traces)
+    if not samples:  # no file rather than an empty one a trainer would read as data
+        typer.echo(_summary(trajectory, 0, None))
+        return
     try:
         write_samples(samples, path, fmt)
     except TrajectoryError as exc:
@@ -149,12 +157,16 @@ def _decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
     return TokenText(tokenizer).decode
 
 
-def _summary(trajectory: Trajectory, written: int, path: Path) -> str:
+def _summary(trajectory: Trajectory, written: int, path: Path | None) -> str:
     accounting = trajectory.accounting
+    wrote = (
+        f"wrote {written} samples to {path}"
+        if path is not None
+        else "no sample to write, no file written (--all-traces writes untrained traces too)"
+    )
     lines = [
         f"{trajectory.session_id}: {trajectory.builder}, {_n(len(trajectory.chains), 'chain')}, "
-        f"{_n(len(trajectory.traces), 'trace')} ({len(trajectory.trainable)} trainable); "
-        f"wrote {written} samples to {path}",
+        f"{_n(len(trajectory.traces), 'trace')} ({len(trajectory.trainable)} trainable); " + wrote,
         f"delivered {accounting.delivered} of {accounting.captured} generated tokens "
         f"({100 * accounting.delivered_fraction:.1f}%)",
     ]

@@ -22,7 +22,8 @@ def dashboard(
         str | None,
         typer.Option(
             envvar=TOKEN_ENV,
-            help="The rollout server's control token; the dashboard asks browsers for it too.",
+            help="The rollout server's control token; the dashboard asks browsers for it too. "
+            "Without --server, on a loopback --host, it may be left out: no login then.",
         ),
     ] = None,
     store: Annotated[
@@ -37,7 +38,7 @@ def dashboard(
     ] = None,
     tokenizer: Annotated[
         Path | None,
-        typer.Option(help="Tokenizer directory of the served model (default: bundled Qwen3)."),
+        typer.Option(help="Tokenizer directory of the served model.", show_default="bundled Qwen3"),
     ] = None,
     builder: Annotated[
         str, typer.Option(help="Trajectory builder for the token view (as the node's).")
@@ -47,11 +48,14 @@ def dashboard(
 ) -> None:
     """Serve the dashboard: tasks and groups live, sessions, token views, training curves."""
     from polar.dashboard import DashboardConfig, create_dashboard_app
+    from polar.dashboard.config import LOOPBACK
     from polar.tokenizer import TokenizerLoadError, load_tokenizer
     from polar.trajectory import TrajectoryError, resolve_builder
 
-    if token is None:
-        fail("dashboard", f"no control token: pass --token or set {TOKEN_ENV}")
+    if token is None and server is not None:
+        fail("dashboard", f"--server needs its control token: pass --token or set {TOKEN_ENV}")
+    if token is None and host not in LOOPBACK:
+        fail("dashboard", f"--host {host} needs a control token: pass --token or set {TOKEN_ENV}")
     for path in store or ():
         if not path.is_file():
             fail("dashboard", f"{path}: no record store there")

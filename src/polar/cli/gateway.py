@@ -33,9 +33,11 @@ def gateway(
         typer.Option("--config", "-c", help="YAML config file; flags below override it."),
     ] = None,
     host: Annotated[
-        str | None, typer.Option(help="Interface to listen on (default: 127.0.0.1).")
+        str | None, typer.Option(help="Interface to listen on.", show_default="127.0.0.1")
     ] = None,
-    port: Annotated[int | None, typer.Option(help="Port to listen on (default: 8000).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port to listen on.", show_default="8000")
+    ] = None,
     admin_token: Annotated[
         str | None,
         typer.Option(
@@ -45,11 +47,11 @@ def gateway(
     ] = None,
     capture: Annotated[
         CaptureMode | None,
-        typer.Option(help="How prompts are captured (default: engine_rendered)."),
+        typer.Option(help="How prompts are captured.", show_default="engine_rendered"),
     ] = None,
     engine_kind: Annotated[
         str | None,
-        typer.Option(help="Engine: vllm, sglang, or package.module:factory (default: vllm)."),
+        typer.Option(help="Engine: vllm, sglang, or package.module:factory.", show_default="vllm"),
     ] = None,
     engine_url: Annotated[
         str | None, typer.Option(help="Base URL of the inference server.")
@@ -70,89 +72,96 @@ def gateway(
         float | None,
         typer.Option(
             help="Longest wait for the engine's reply to begin (its queue and prefill; for a "
-            "reply that is not streamed, the whole generation), seconds (default: 900). "
-            "Silence once a reply has begun is --engine-idle-timeout-s."
+            "reply that is not streamed, the whole generation), seconds. "
+            "Silence once a reply has begun is --engine-idle-timeout-s.",
+            show_default="900",
         ),
     ] = None,
     engine_idle_timeout_s: Annotated[
         float | None,
         typer.Option(
-            help="Longest engine silence once a streamed reply has begun, seconds (default: 60)."
+            help="Longest engine silence once a streamed reply has begun, seconds.",
+            show_default="60",
         ),
     ] = None,
     engine_max_model_len: Annotated[
         int | None,
         typer.Option(
-            help="The model's context length in tokens (default: what the engine's "
-            "GET /v1/models reports; without either, a call that asks for no output limit gets "
-            "the engine's own default, 16 tokens on vLLM's completions route)."
+            help="The model's context length in tokens. Without it and without the engine's "
+            "GET /v1/models, a call that asks for no output limit gets the engine's own "
+            "default, 16 tokens on vLLM's completions route.",
+            show_default="what the engine's GET /v1/models reports",
         ),
     ] = None,
     engine_max_attempts: Annotated[
         int | None,
-        typer.Option(help="Attempts per call on transient engine failures (default: 3)."),
+        typer.Option(help="Attempts per call on transient engine failures.", show_default="3"),
     ] = None,
     render_tokenizer: Annotated[
         Path | None,
         typer.Option(
-            help="Token-in/token-out: tokenizer directory with the model's chat template "
-            "(default: the bundled Qwen3 tokenizer)."
+            help="Token-in/token-out: tokenizer directory with the model's chat template .",
+            show_default="the bundled Qwen3 tokenizer",
         ),
     ] = None,
     render_tool_format: Annotated[
         str | None,
-        typer.Option(help="Token-in/token-out: hermes or qwen3_coder (default: hermes)."),
+        typer.Option(help="Token-in/token-out: hermes or qwen3_coder.", show_default="hermes"),
     ] = None,
     render_tool_prompt: Annotated[
         str | None,
         typer.Option(
             help="Token-in/token-out: who writes tools, calls and results into the prompt: "
             "template, hermes (the gateway, for a template without a tool section) or auto "
-            "(default: auto, hermes when the template renders no tools)."
+            ".",
+            show_default="auto, hermes when the template renders no tools",
         ),
     ] = None,
     render_reasoning: Annotated[
         bool | None,
         typer.Option(
             "--render-reasoning/--no-render-reasoning",
-            help="Parse <think>...</think> as reasoning (default: on; off for a model that "
-            "does not think, e.g. SmolLM2).",
+            help="Parse <think>...</think> as reasoning (off for a model that does not "
+            "think, e.g. SmolLM2).",
+            show_default="on",
         ),
     ] = None,
     store: Annotated[
         Path | None,
-        typer.Option(help="SQLite record store (default: runs/gateway/records.db)."),
+        typer.Option(help="SQLite record store.", show_default="runs/gateway/records.db"),
     ] = None,
     store_synchronous: Annotated[
         str | None,
         typer.Option(
             help="SQLite durability: normal (survives gateway crashes) or full (also power "
-            "loss, fsync per call) (default: normal)."
+            "loss, fsync per call).",
+            show_default="normal",
         ),
     ] = None,
     max_body_bytes: Annotated[
-        int | None, typer.Option(help="Largest accepted request body (default: 33554432).")
+        int | None, typer.Option(help="Largest accepted request body.", show_default="33554432")
     ] = None,
     pause_wait_s: Annotated[
         float | None,
-        typer.Option(help="How long a call waits while the gateway is paused (default: 600)."),
+        typer.Option(help="How long a call waits while the gateway is paused.", show_default="600"),
     ] = None,
     reasoning_field: Annotated[
         str | None,
         typer.Option(
-            help="Chat Completions field carrying reasoning: reasoning_content, reasoning "
-            "or none (default: reasoning_content)."
+            help="Chat Completions field carrying reasoning: reasoning_content, reasoning or none.",
+            show_default="reasoning_content",
         ),
     ] = None,
     workers: Annotated[
         int | None,
         typer.Option(
             help="Gateway processes behind the one address; past 1, a router keeps each "
-            "session on one worker (default: 1)."
+            "session on one worker.",
+            show_default="1",
         ),
     ] = None,
     log_level: Annotated[
-        str | None, typer.Option(help="debug, info, warning or error (default: info).")
+        str | None, typer.Option(help="debug, info, warning or error.", show_default="info")
     ] = None,
     check: Annotated[
         bool, typer.Option("--check", help="Validate the configuration, print it, and exit.")

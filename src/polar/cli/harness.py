@@ -18,11 +18,13 @@ from polar.harness import (
     INSTALLABLE,
     PRESETS,
     HarnessError,
+    InstallError,
     RunSpec,
     Stream,
     Toolchain,
     executable_path,
     install,
+    installed_version,
     is_installed,
     load_harness,
     run_harness,
@@ -46,6 +48,25 @@ PythonOption = Annotated[
 ]
 
 
+@app.command("list")
+def list_command(cache: CacheOption = DEFAULT_CACHE_DIR) -> None:
+    """List the harness presets: the pinned CLI of each and whether the cache has it."""
+    rows = []
+    for name in PRESETS:
+        package = load_harness(name).package if name in INSTALLABLE else None
+        if package is None:
+            rows.append((name, "-", "nothing to install"))
+            continue
+        found = installed_version(package, cache)
+        state = "installed" if found == package.version else "not installed"
+        if found is not None and found != package.version:
+            state = f"{found} installed"
+        rows.append((name, f"{package.name} {package.version}", state))
+    width = [max(len(row[i]) for row in rows) for i in range(2)]
+    for name, pinned, state in rows:
+        print(f"{name:<{width[0]}}  {pinned:<{width[1]}}  {state}")
+
+
 @app.command("install")
 def install_command(
     name: Annotated[str, typer.Argument(help=f"A harness ({', '.join(INSTALLABLE)}) or 'all'.")],
@@ -67,8 +88,10 @@ def install_command(
                 continue
             kept = is_installed(package, cache)
             path = install(package, cache, toolchain)
-        except HarnessError as exc:
+        except InstallError as exc:
             fail("harness install", str(exc), code=1)
+        except HarnessError as exc:
+            fail("harness install", str(exc))
         print(f"{'kept' if kept else 'installed'} {each} {package.version} {path}")
 
 
@@ -94,14 +117,13 @@ def run_command(
         list[str] | None,
         typer.Option(
             "--option",
-            "-o",
             help="Harness setting KEY=VALUE (repeatable), e.g. command='my-agent {instruction}' "
             "for shell, api=openai-responses for pi.",
         ),
     ] = None,
     home: Annotated[
         Path | None,
-        typer.Option(help="HOME for the harness (default: a fresh temporary directory)."),
+        typer.Option(help="HOME for the harness.", show_default="a fresh temporary directory"),
     ] = None,
 ) -> None:
     """Run one instruction through a harness headless (stdin closed) and exit with its status."""
@@ -135,8 +157,10 @@ def run_command(
             run = run_harness(
                 harness, spec, cache_dir=cache, toolchain=Toolchain(python=python), on_output=_echo
             )
-        except HarnessError as exc:
+        except InstallError as exc:
             fail("harness run", str(exc), code=1)
+        except HarnessError as exc:  # an unknown harness, its options, the run's flags
+            fail("harness run", str(exc))
     result = run.result
     if result.timed_out:
         fail("harness run", f"{name} timed out after {timeout_s:g} s", code=TIMEOUT_EXIT_CODE)

@@ -67,8 +67,8 @@ def warm_up_command(
     harness: Annotated[
         list[str] | None,
         typer.Option(
-            help="An agent CLI to rehearse and teach (repeat for several); "
-            "default: every pinned CLI installed in --cache."
+            help="An agent CLI to rehearse and teach (repeat for several).",
+            show_default="every pinned CLI installed in --cache",
         ),
     ] = None,
     cache: Annotated[

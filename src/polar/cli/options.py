@@ -22,13 +22,13 @@ EngineUrl = Annotated[
 ]
 EngineKind = Annotated[
     str | None,
-    typer.Option(help="vllm, sglang, embedded, or package.module:factory (default: vllm)."),
+    typer.Option(help="vllm, sglang, embedded, or package.module:factory.", show_default="vllm"),
 ]
 EngineModel = Annotated[
     str | None,
     typer.Option(help="The model name the engine serves (polar engine serve: its --served-name)."),
 ]
-ControlPort = Annotated[int | None, typer.Option(help="The node's API port (default 8301).")]
+ControlPort = Annotated[int | None, typer.Option(help="The node's API port.", show_default="8301")]
 LogLevel = Annotated[str, typer.Option(help="debug, info, warning or error.")]
 Check = Annotated[bool, typer.Option("--check", help="Validate, print, exit.")]
 

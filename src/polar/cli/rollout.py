@@ -103,9 +103,11 @@ def serve(
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="YAML with server: and node: sections.")
     ] = None,
-    port: Annotated[int | None, typer.Option(help="Rollout server port (default 8200).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Rollout server port.", show_default="8200")
+    ] = None,
     node_port: Annotated[
-        int | None, typer.Option(help="The node's gateway port (default 8300).")
+        int | None, typer.Option(help="The node's gateway port.", show_default="8300")
     ] = None,
     node_control_port: ControlPort = None,
     engine_url: EngineUrl = None,
@@ -118,10 +120,11 @@ def serve(
         typer.Option(help="local (the node in this process) or ray (node actors on a cluster)."),
     ] = None,
     ray_address: Annotated[
-        str | None, typer.Option(help="Ray cluster to join with --backend ray (default: auto).")
+        str | None,
+        typer.Option(help="Ray cluster to join with --backend ray.", show_default="auto"),
     ] = None,
     ray_nodes: Annotated[
-        int | None, typer.Option(help="Node actors to place with --backend ray (default 1).")
+        int | None, typer.Option(help="Node actors to place with --backend ray.", show_default="1")
     ] = None,
     log_level: LogLevel = "info",
     check: Check = False,
@@ -178,10 +181,10 @@ def serve(
 def node(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Node YAML.")] = None,
     server_url: Annotated[
-        str | None, typer.Option(help=f"Rollout server to join (default {DEFAULT_SERVER}).")
+        str | None, typer.Option(help="Rollout server to join.", show_default=DEFAULT_SERVER)
     ] = None,
     node_id: Annotated[str | None, typer.Option(help="This node's id.")] = None,
-    port: Annotated[int | None, typer.Option(help="Gateway port (default 8300).")] = None,
+    port: Annotated[int | None, typer.Option(help="Gateway port.", show_default="8300")] = None,
     control_port: ControlPort = None,
     public_url: Annotated[
         str | None, typer.Option(help="How the server reaches this node.")
@@ -409,7 +412,9 @@ def _follow(client: Any, task_ids: list[str]) -> list[Any]:
 
 
 def status(
-    task: Annotated[str | None, typer.Argument(help="A task id (default: recent tasks).")] = None,
+    task: Annotated[
+        str | None, typer.Argument(help="A task id.", show_default="recent tasks")
+    ] = None,
     server: ServerUrl = DEFAULT_SERVER,
     token: ControlToken = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,

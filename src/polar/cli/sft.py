@@ -46,7 +46,7 @@ def generate(
     timeout: SessionTimeout = 1800,
     server_url: Annotated[
         str | None,
-        typer.Option(help="Use this rollout server (default: start one in this process)."),
+        typer.Option(help="Use this rollout server.", show_default="start one in this process"),
     ] = None,
     token: ControlToken = None,
     config: Annotated[
@@ -68,7 +68,8 @@ def generate(
         int | None, typer.Option(help="Accept at most this many attempts per task.")
     ] = None,
     fmt: Annotated[
-        list[str] | None, typer.Option("--format", help="jsonl and/or parquet (default both).")
+        list[str] | None,
+        typer.Option("--format", "-f", help="jsonl and/or parquet.", show_default="both"),
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "warning",
 ) -> None:
@@ -133,10 +134,12 @@ def generate(
                     RolloutClient(address.url, token=address.token) as client,
                 ):
                     report = generation.run(client)
-    except (JournalError, RolloutError, ConfigError) as exc:
+    except (JournalError, ConfigError) as exc:
         fail("generate", str(exc))
+    except RolloutError as exc:
+        fail("generate", str(exc), code=1)
     except OSError as exc:
-        fail("generate", f"{exc.strerror or exc}")
+        fail("generate", f"{exc.strerror or exc}", code=1)
     _print_report(report, out)
     if report.interrupted:
         raise typer.Exit(130)

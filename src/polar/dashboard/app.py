@@ -4,7 +4,8 @@
 rollout server's control token: as ``Authorization: Bearer`` (scripts), or as
 the session cookie the login form sets (an HMAC of the token, never the token
 itself; ``HttpOnly``, ``SameSite=Strict``). Pages without it redirect to the
-login form; the API and fragments answer 401.
+login form; the API and fragments answer 401. A dashboard given no token (no
+rollout server, a loopback address: see :class:`DashboardConfig`) asks none.
 
 **The one write** is ``POST /api/tasks/{id}/cancel``, which also wants the
 ``x-polar-dashboard`` header: a cross-site form cannot set one, and the app
@@ -101,15 +102,19 @@ def create_dashboard_app(config: DashboardConfig, tokenizer: Any) -> Starlette:
     """The app; ``tokenizer`` is the model's (it decodes tokens and gives the
     chat-template facts the builders need)."""
     token = config.control_token
-    session_cookie = hmac.new(
-        token.encode(), b"polar dashboard session", hashlib.sha256
-    ).hexdigest()
+    session_cookie = (
+        hmac.new(token.encode(), b"polar dashboard session", hashlib.sha256).hexdigest()
+        if token is not None
+        else ""
+    )
     records = RecordSource(config.stores)
     trajectories = Trajectories(config.builder, tokenizer, capacity=config.trajectory_cache)
     build_lock = threading.Lock()
     state: dict[str, RolloutSource] = {}
 
     def authorized(request: Request) -> bool:
+        if token is None:  # open: no server, loopback only (DashboardConfig)
+            return True
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(
@@ -154,6 +159,8 @@ def create_dashboard_app(config: DashboardConfig, tokenizer: Any) -> Starlette:
 
     async def login_form(request: Request) -> Response:
         params(request)
+        if token is None:
+            return RedirectResponse("/", status_code=303)
         return HTMLResponse(pages.login())
 
     async def login(request: Request) -> Response:
@@ -167,6 +174,8 @@ def create_dashboard_app(config: DashboardConfig, tokenizer: Any) -> Starlette:
         except (UnicodeDecodeError, ValueError):
             return HTMLResponse(pages.login("The form could not be read."), 400)
         given = (form.get("token") or [""])[0]
+        if token is None:
+            return RedirectResponse("/", status_code=303)
         if not hmac.compare_digest(given.encode(), token.encode()):
             return HTMLResponse(pages.login("Wrong token."), 401)
         reply = RedirectResponse("/", status_code=303)
@@ -376,6 +385,7 @@ def create_dashboard_app(config: DashboardConfig, tokenizer: Any) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if config.server_url is not None:
+            assert token is not None  # DashboardConfig asks one of a server
             state["rollout"] = RolloutSource(
                 config.server_url, token, timeout_s=config.server_timeout_s
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from polar.rollout.config import ControlToken
 
@@ -14,9 +14,12 @@ class DashboardConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    control_token: ControlToken = Field(repr=False)
+    control_token: ControlToken | None = Field(default=None, repr=False)
     """The rollout server's control token: the dashboard uses it to reach the
-    server, and asks it of every browser (the login form) and API caller."""
+    server, and asks it of every browser (the login form) and API caller.
+    Needed with a ``server_url``; without one (record stores and logs only) and
+    listening on a loopback address, None opens the dashboard to this machine
+    without a login, as the files it reads already are."""
     server_url: str | None = None
     """The rollout server (None: no tasks, only the record stores' sessions)."""
     stores: tuple[Path, ...] = ()
@@ -32,3 +35,14 @@ class DashboardConfig(BaseModel):
     server_timeout_s: float = Field(default=10.0, gt=0)
     trajectory_cache: int = Field(default=16, ge=1)
     """Sessions whose built trajectories are kept in memory."""
+
+    @model_validator(mode="after")
+    def _token_where_needed(self) -> DashboardConfig:
+        if self.control_token is None and self.server_url is not None:
+            raise ValueError("a rollout server needs its control token")
+        if self.control_token is None and self.host not in LOOPBACK:
+            raise ValueError(f"listening on {self.host} needs a control token")
+        return self
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")

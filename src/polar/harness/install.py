@@ -169,7 +169,20 @@ def install(package: Package, cache_dir: Path, toolchain: Toolchain | None = Non
                     f"{package.spec}: installed, but found version {found} "
                     f"at {executable_path(package, cache_dir)}"
                 )
+        if isinstance(package, NpmPackage):
+            mark_executables(package, cache_dir)  # also mends a cache installed before
     return executable_path(package, cache_dir)
+
+
+def mark_executables(package: NpmPackage, cache_dir: Path) -> tuple[Path, ...]:
+    """Give the package's ``executables`` their execute bit; the files matched."""
+    root = npm_prefix(package, cache_dir) / "node_modules" / package.name
+    found = tuple(path for pattern in package.executables for path in sorted(root.glob(pattern)))
+    for path in found:
+        mode = path.stat().st_mode
+        if mode & 0o111 != 0o111:
+            path.chmod(mode | 0o111)
+    return found
 
 
 def install_node(runtime: NodeRuntime, cache_dir: Path, toolchain: Toolchain | None = None) -> Path:

@@ -25,6 +25,9 @@ class NpmPackage:
     registry into the cache (the ``node-<os>-<arch>`` package that carries the
     official binary) and put first on the CLI's ``PATH`` by a launcher;
     ``None`` runs it on whatever ``node`` the caller's ``PATH`` has.
+    ``executables``: files inside the package (glob patterns relative to its
+    directory) that it runs but publishes without their execute bit (Qwen
+    Code's bundled ``rg``); the installer sets the bit.
     """
 
     name: str
@@ -32,6 +35,7 @@ class NpmPackage:
     bin: str
     install_scripts: bool = False
     node: str | None = None
+    executables: tuple[str, ...] = ()
     kind: Literal["npm"] = "npm"
 
     @property

@@ -48,6 +48,7 @@ always have the same length.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -328,8 +329,11 @@ def _ints(values: Any) -> tuple[int, ...]:
 # ---------------------------------------------------------------- writing
 
 
-def write_samples(samples: Sequence[Sample], path: Path, fmt: SampleFormat | None = None) -> None:
+def write_samples(
+    samples: Sequence[Sample], path: str | os.PathLike[str], fmt: SampleFormat | None = None
+) -> None:
     """Write ``samples`` to ``path`` atomically (the format from the suffix by default)."""
+    path = Path(path)
     fmt = fmt or SampleFormat.of(path)
     if not path.parent.is_dir():
         raise ExportError(f"{path}: directory {path.parent} does not exist")
@@ -424,8 +428,9 @@ def _write_parquet(samples: Sequence[Sample], path: Path) -> None:
 # ---------------------------------------------------------------- reading
 
 
-def read_samples(path: Path, fmt: SampleFormat | None = None) -> list[Sample]:
+def read_samples(path: str | os.PathLike[str], fmt: SampleFormat | None = None) -> list[Sample]:
     """Samples from a file :func:`write_samples` wrote; bad files raise :class:`ExportError`."""
+    path = Path(path)
     fmt = fmt or SampleFormat.of(path)
     if not path.is_file():
         raise ExportError(f"{path}: no such file")

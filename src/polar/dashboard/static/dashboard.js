@@ -141,6 +141,26 @@
     if (chunks.length) render(chunks[0]);
     summary.textContent = data.total + " tokens: " + data.prompt_tokens + " of the first prompt, "
       + data.trained_tokens + " trained (loss mask 1); " + data.markers.length + " markers";
+    // The view opens on the first trained token, past a prompt that may be
+    // thousands of pixels tall; a link in the summary goes back to it.
+    const first = data.mask.indexOf(1);
+    if (first >= 0) {
+      const jump = () => {
+        const at = Math.floor(first / CHUNK);
+        for (const div of chunks.slice(Math.max(0, at - 1), at + 1)) render(div);
+        const span = box.querySelector('.t[data-i="' + first + '"]');
+        span.classList.add("first-trained");
+        span.scrollIntoView({ block: "center" });
+        return span;
+      };
+      const link = document.createElement("a");
+      link.href = "#first-trained";
+      link.id = "first-trained-link";
+      link.textContent = "first trained token (#" + first + ")";
+      link.addEventListener("click", (event) => { event.preventDefault(); jump(); });
+      summary.append(" · ", link);
+      if (!location.hash) box.dataset.landedAt = String(jump().dataset.i);
+    }
     box.dataset.total = String(data.total);
     box.dataset.readyAt = String(Math.round(performance.now()));
     box.dataset.state = "ready";

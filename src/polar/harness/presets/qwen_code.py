@@ -46,7 +46,13 @@ class QwenCode:
 
     @property
     def package(self) -> NpmPackage:
-        return NpmPackage("@qwen-code/qwen-code", "0.24.4", bin="qwen", node=NODE_VERSION)
+        return NpmPackage(
+            "@qwen-code/qwen-code",
+            "0.24.4",
+            bin="qwen",
+            node=NODE_VERSION,
+            executables=("vendor/ripgrep/*/rg",),
+        )
 
     def write_config(self, spec: RunSpec) -> tuple[Path, ...]:
         settings = {
