@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -68,17 +67,28 @@ def test_engine_serve_serves_completions(tmp_path: Path) -> None:
     port = free_port()
     command = [
         sys.executable, "-m", "polar", "engine", "serve",
-        "--model", str(out), "--port", str(port), "--served-name", "tiny",
+        "--model", str(out), "--port", str(port), "--served-name", "tiny", "--device", "cpu",
     ]  # fmt: skip
-    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+    with subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    ) as proc:
         try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and proc.poll() is None:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.2)
+            assert proc.stderr is not None
+            # It says what it loads, then where it listens, once it does.
+            # (transformers' own progress bar of the weights comes between)
+            said: list[str] = []
+            while len(said) < 3:
+                line = proc.stderr.readline()
+                assert line, said
+                said += [line] if line.startswith("polar ") else []
+            loading, loaded, ready = said
+            assert loading == f"polar engine serve: loading {out} on cpu ...\n", loading
+            assert loaded.startswith("polar engine serve: loaded in "), loaded
+            assert ready == (
+                f"polar engine serve: ready: model 'tiny' at http://127.0.0.1:{port}/v1 "
+                "(Ctrl-C stops it)\n"
+            ), ready
+            assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
             reply = httpx.post(
                 f"http://127.0.0.1:{port}/v1/completions",
                 json={"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 3, "logprobs": 0},

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -51,8 +54,6 @@ def serve(
     ] = "processed",
 ) -> None:
     """Serve a causal LM with vLLM's token-in completions API (the embedded engine)."""
-    import uvicorn
-
     from polar.device import DeviceError, check_device, resolve_device
     from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 
@@ -71,6 +72,8 @@ def serve(
             "engine serve", f"no model in {model} (build one with: polar model init --out {model})"
         )
     configure_logging("info")
+    started = time.monotonic()
+    typer.echo(f"polar engine serve: loading {model} on {where} ...", err=True)
     runner = ModelRunner(
         model,
         max_batch=max_batch,
@@ -80,12 +83,18 @@ def serve(
         max_memory_bytes=int(max_memory_gib * 2**30),
         device=where,
     )
+    typer.echo(
+        f"polar engine serve: loaded in {time.monotonic() - started:.1f} s "
+        f"({runner.max_model_len} tokens of context, logprobs {logprobs_mode})",
+        err=True,
+    )
     try:
-        uvicorn.run(
+        serve_app(
+            "engine serve",
             create_engine_app(runner, served_name=served_name),
-            host=host,
-            port=port,
-            log_level="warning",
+            host,
+            port,
+            f"model {served_name!r}",
         )
     finally:
         runner.close()
@@ -103,8 +112,6 @@ def scripted(
     ] = 0.0,
 ) -> None:
     """Serve a scripted model with vLLM's wire format (for tests and demos)."""
-    import uvicorn
-
     from polar.testing.scripted import ScriptedEngine, ScriptError, load_script
     from polar.tokenizer import load_tokenizer
 
@@ -116,4 +123,29 @@ def scripted(
     engine = ScriptedEngine(
         parsed, load_tokenizer(tokenizer), model=model, token_delay_s=token_delay_s
     )
-    uvicorn.run(engine.app, host=host, port=port, log_level="warning")
+    serve_app("engine scripted", engine.app, host, port, f"model {model!r}")
+
+
+def serve_app(command: str, app: Any, host: str, port: int, what: str) -> None:
+    """Serve ``app`` until interrupted; once it listens, one line says where (the URL
+    clients use) and what: ``polar engine serve: ready: http://127.0.0.1:8011/v1 ...``."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+
+    async def run() -> None:
+        serving = asyncio.ensure_future(server.serve())
+        while not server.started:
+            if serving.done():
+                break
+            await asyncio.sleep(0.05)
+        else:
+            shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+            typer.echo(
+                f"polar {command}: ready: {what} at http://{shown}:{port}/v1 (Ctrl-C stops it)",
+                err=True,
+            )
+        await serving
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
