@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.cli.errors import configure_logging, fail
+from polar.cli.listen import serve_app
 from polar.cli.model import DEFAULT_MODEL_DIR
 
 app = typer.Typer(help="Run an inference server.", no_args_is_help=True, rich_markup_mode=None)
@@ -94,7 +93,7 @@ def serve(
             create_engine_app(runner, served_name=served_name),
             host,
             port,
-            f"model {served_name!r}",
+            f"model {served_name!r} at {{url}}v1 (Ctrl-C stops it)",
         )
     finally:
         runner.close()
@@ -123,29 +122,4 @@ def scripted(
     engine = ScriptedEngine(
         parsed, load_tokenizer(tokenizer), model=model, token_delay_s=token_delay_s
     )
-    serve_app("engine scripted", engine.app, host, port, f"model {model!r}")
-
-
-def serve_app(command: str, app: Any, host: str, port: int, what: str) -> None:
-    """Serve ``app`` until interrupted; once it listens, one line says where (the URL
-    clients use) and what: ``polar engine serve: ready: http://127.0.0.1:8011/v1 ...``."""
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-
-    async def run() -> None:
-        serving = asyncio.ensure_future(server.serve())
-        while not server.started:
-            if serving.done():
-                break
-            await asyncio.sleep(0.05)
-        else:
-            shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-            typer.echo(
-                f"polar {command}: ready: {what} at http://{shown}:{port}/v1 (Ctrl-C stops it)",
-                err=True,
-            )
-        await serving
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run())
+    serve_app("engine scripted", engine.app, host, port, f"model {model!r} at {{url}}v1")
