@@ -277,7 +277,8 @@ class Pipeline:
         except TimeoutError:
             raise SessionFailed(
                 FailureReason.PREPARATION,
-                f"preparation took longer than {self.settings.prepare_timeout_s:g} s",
+                f"the preparation timeout fired: preparation took longer than "
+                f"{self.settings.prepare_timeout_s:g} s (the node's prepare_timeout_s)",
             ) from None
         except SessionFailed:
             raise
