@@ -1,4 +1,5 @@
-"""``polar model init``, ``polar model smollm2`` and ``polar engine serve`` as a user runs them."""
+"""``polar model init``, ``polar model smollm2``, ``polar engine serve`` and ``polar engine
+scripted`` as a user runs them."""
 
 from __future__ import annotations
 
@@ -147,3 +148,28 @@ def test_model_warm_up_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
         assert result.stderr.startswith("polar model warm-up: error: "), result.stderr
         assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_engine_scripted_says_where_it_listens(tmp_path: Path) -> None:
+    script = tmp_path / "script.yaml"
+    script.write_text("turns:\n  - text: hello\n")
+    port = free_port()
+    command = [
+        sys.executable, "-m", "polar", "engine", "scripted",
+        "--script", str(script), "--port", str(port),
+    ]  # fmt: skip
+    with subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stderr is not None
+            line = proc.stderr.readline()
+            while line and not line.startswith("polar "):
+                line = proc.stderr.readline()
+            assert line == (
+                f"polar engine scripted: ready: model 'scripted' at http://127.0.0.1:{port}/v1\n"
+            )
+            assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 200
+        finally:
+            proc.terminate()
+            proc.wait(10)
