@@ -45,6 +45,7 @@ import hashlib
 import importlib.metadata
 import json
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -184,9 +185,16 @@ def build_smollm2(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        say(f"converting {gguf.name} ({source.package} {source.version}) to {out}")
+        started = time.monotonic()
+        say(
+            f"converting {gguf.name} ({source.package} {source.version}) to {out} "
+            "(about half a minute on one core) ..."
+        )
         _convert(gguf, tmp)
-        say("verifying: a known prompt's token ids and greedy reply")
+        say(
+            f"converted in {time.monotonic() - started:.0f} s; verifying a known prompt's "
+            "token ids and greedy reply (a few seconds) ..."
+        )
         verify(tmp, verification)
         (tmp / SPEC_FILE).write_text(json.dumps(_marker(source), indent=2) + "\n")
         _put_in_place(tmp, out)

@@ -1,10 +1,10 @@
-"""``polar model init``, ``polar model smollm2`` and ``polar engine serve`` as a user runs them."""
+"""``polar model init``, ``polar model smollm2``, ``polar engine serve`` and ``polar engine
+scripted`` as a user runs them."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -68,17 +68,28 @@ def test_engine_serve_serves_completions(tmp_path: Path) -> None:
     port = free_port()
     command = [
         sys.executable, "-m", "polar", "engine", "serve",
-        "--model", str(out), "--port", str(port), "--served-name", "tiny",
+        "--model", str(out), "--port", str(port), "--served-name", "tiny", "--device", "cpu",
     ]  # fmt: skip
-    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+    with subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    ) as proc:
         try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and proc.poll() is None:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.2)
+            assert proc.stderr is not None
+            # It says what it loads, then where it listens, once it does.
+            # (transformers' own progress bar of the weights comes between)
+            said: list[str] = []
+            while len(said) < 3:
+                line = proc.stderr.readline()
+                assert line, said
+                said += [line] if line.startswith("polar ") else []
+            loading, loaded, ready = said
+            assert loading == f"polar engine serve: loading {out} on cpu ...\n", loading
+            assert loaded.startswith("polar engine serve: loaded in "), loaded
+            assert ready == (
+                f"polar engine serve: ready: model 'tiny' at http://127.0.0.1:{port}/v1 "
+                "(Ctrl-C stops it)\n"
+            ), ready
+            assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
             reply = httpx.post(
                 f"http://127.0.0.1:{port}/v1/completions",
                 json={"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 3, "logprobs": 0},
@@ -137,3 +148,28 @@ def test_model_warm_up_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
         assert result.stderr.startswith("polar model warm-up: error: "), result.stderr
         assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_engine_scripted_says_where_it_listens(tmp_path: Path) -> None:
+    script = tmp_path / "script.yaml"
+    script.write_text("turns:\n  - text: hello\n")
+    port = free_port()
+    command = [
+        sys.executable, "-m", "polar", "engine", "scripted",
+        "--script", str(script), "--port", str(port),
+    ]  # fmt: skip
+    with subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stderr is not None
+            line = proc.stderr.readline()
+            while line and not line.startswith("polar "):
+                line = proc.stderr.readline()
+            assert line == (
+                f"polar engine scripted: ready: model 'scripted' at http://127.0.0.1:{port}/v1\n"
+            )
+            assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 200
+        finally:
+            proc.terminate()
+            proc.wait(10)

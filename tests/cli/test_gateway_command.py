@@ -13,7 +13,19 @@ from typing import Any
 
 import httpx
 
-from polar.ir import CaptureMode, CompletionRecord, Dialect, RecordStatus, Timings
+from polar.ir import (
+    CallError,
+    CaptureMode,
+    CompletionRecord,
+    Dialect,
+    ErrorKind,
+    Message,
+    ReasoningPart,
+    RecordStatus,
+    Role,
+    TextPart,
+    Timings,
+)
 from polar.proxy.engines.vllm_process import free_port
 from polar.proxy.store import SessionRow, SqliteStore
 
@@ -176,3 +188,43 @@ def test_records_command_prints_a_sessions_records(tmp_path: Path) -> None:
     assert missing.stderr.strip() == f"polar records: error: no session 'nope' in {db}"
     no_store = polar("records", "s1", "--store", str(tmp_path / "absent.db"))
     assert no_store.returncode == 1 and "no record store here" in no_store.stderr
+
+
+def test_records_summary_shows_what_an_aborted_call_had_said(tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    store = SqliteStore(db)
+    store.open()
+    partial = Message(
+        role=Role.ASSISTANT,
+        parts=(ReasoningPart(text="Look first."), TextPart(text="I will run the te")),
+    )
+
+    async def fill() -> None:
+        await store.insert_session(
+            SessionRow(id="s1", key_hash="h", created_at=0, closed_at=None, metadata={}, last_seq=0)
+        )
+        await store.append(
+            CompletionRecord(
+                session_id="s1", seq=1, attempt=1, status=RecordStatus.ABORTED,
+                dialect=Dialect.OPENAI_CHAT, capture=CaptureMode.TOKEN_IN_TOKEN_OUT,
+                engine="vllm", model="tiny", policy_version=0, stream=True,
+                original_request={}, engine_request={}, timings=Timings(arrived=1.0),
+                prompt_ids=(1, 2), output_ids=(3, 4), output_logprobs=(-0.1, -0.2),
+                message=partial,
+                error=CallError(
+                    kind=ErrorKind.SESSION_ENDED,
+                    message="the session's harness ended while the call was in flight",
+                ),
+            )
+        )  # fmt: skip
+
+    asyncio.run(fill())
+    store.close()
+
+    summary = polar("records", "s1", "--store", str(db), "--format", "summary")
+
+    assert summary.returncode == 0, summary.stderr
+    first, said = summary.stdout.splitlines()
+    assert first.startswith("   1.1 aborted")
+    assert "error=session_ended: the session's harness ended" in first
+    assert said.strip() == 'reasoning="Look first." text="I will run the te"'

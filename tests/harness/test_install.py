@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -37,7 +38,7 @@ from polar.harness.install import (
 )
 
 FAKE_NPM = """#!{python}
-import json, pathlib, sys
+import json, pathlib, sys, time
 here = pathlib.Path(__file__).parent
 args = sys.argv[1:]
 with open(here / "calls.jsonl", "a") as log:
@@ -49,6 +50,7 @@ if control.get("fail"):
     print("npm error 404 Not Found - GET https://registry.npmjs.org/nope", file=sys.stderr)
     sys.exit(1)
 if args[0] == "install":
+    time.sleep(control.get("sleep", 0))
     prefix = pathlib.Path(args[args.index("--prefix") + 1])
     name, _, version = args[-1].rpartition("@")
     package = prefix / "node_modules" / name
@@ -105,6 +107,43 @@ def test_an_npm_package_gets_its_own_prefix_and_the_shared_download_cache(
     assert "--ignore-scripts" in argv and "--save-exact" in argv
     assert argv[-1] == "@acme/fake-cli@1.2.3"
     assert installed_version(PACKAGE, cache) == "1.2.3"
+
+
+def test_an_install_says_what_it_installs_how_far_it_got_and_how_long_it_took(
+    tmp_path: Path, npm: Path
+) -> None:
+    cache = tmp_path / "cache"
+    toolchain = Toolchain(npm=str(npm), progress_every_s=0.2)
+    control(npm, sleep=1.0)
+    said: list[str] = []
+
+    install(PACKAGE, cache, toolchain, progress=said.append)
+
+    prefix = cache.resolve() / "npm" / "acme-fake-cli"
+    assert said[0] == (
+        f"installing @acme/fake-cli@1.2.3 into {prefix} "
+        "(the first here: no earlier install to estimate from)"
+    )
+    ticks = said[1:-1]
+    assert ticks, "a running install reports how far it got"
+    assert all(
+        re.fullmatch(r"installing @acme/fake-cli@1\.2\.3: \d+ s, \d+ MB written", t) for t in ticks
+    )
+    assert re.fullmatch(r"installed @acme/fake-cli@1\.2\.3 in \d+ s", said[-1])
+
+    # The next install of it (another version) is estimated from this one.
+    said.clear()
+    install(
+        NpmPackage("@acme/fake-cli", "1.2.4", bin="fake"), cache, toolchain, progress=said.append
+    )
+    assert re.fullmatch(
+        rf"installing @acme/fake-cli@1\.2\.4 into {re.escape(str(prefix))} "
+        r"\(the last install here took 1 s\)",
+        said[0],
+    ), said[0]
+    estimated = r"installing @acme/fake-cli@1\.2\.4: \d+ s, \d+ MB written, "
+    estimated += r"(about \d+ s left|longer than the last install \(1 s\))"
+    assert said[1:-1] and all(re.fullmatch(estimated, t) for t in said[1:-1]), said
 
 
 def test_a_second_install_is_skipped(tmp_path: Path, npm: Path) -> None:

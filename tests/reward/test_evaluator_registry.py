@@ -215,7 +215,8 @@ def test_an_evaluator_that_ignores_its_budget_is_cancelled(tmp_path: Path, works
         score(tmp_path, task, timeout_s=0.5)
 
     assert str(caught.value) == (
-        "evaluator support.evaluators:hanging did not finish within its budget of 0.5 s"
+        "evaluator support.evaluators:hanging did not finish within its budget of 0.5 s "
+        "(the task's evaluator.timeout_s)"
     )
 
 

@@ -76,7 +76,11 @@ elif mode == "ok":
     chat("hello")
     open("done", "w").write("1")
 elif mode == "fail":
-    print("the agent gave up", file=sys.stderr)
+    # a warning first (as Claude Code prints when its stdin is not a terminal), the
+    # reason last, on the other stream
+    print("Warning: Input is not a terminal", file=sys.stderr)
+    print("starting", flush=True)
+    print("Error: the agent gave up", flush=True)
     sys.exit(3)
 elif mode == "give_up":
     # a harness that reached its own turn limit after the model answered

@@ -9,6 +9,7 @@ import typer
 from pydantic import ValidationError
 
 from polar.cli.errors import fail
+from polar.cli.listen import serve_app
 from polar.cli.options import DEFAULT_SERVER, TOKEN_ENV
 from polar.configfile import describe_error
 
@@ -81,8 +82,41 @@ def dashboard(
         loaded = load_tokenizer(tokenizer)
     except TokenizerLoadError as exc:
         fail("dashboard", str(exc))
-    import uvicorn
-
+    if server is not None and token is not None:  # the config requires one with a server
+        check_token(server, token)
     app = create_dashboard_app(config, loaded)
-    typer.echo(f"polar dashboard: http://{host}:{port}/", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    serve_app("dashboard", app, host, port, "{url} (log in with the control token)")
+
+
+def check_token(server: str, token: str) -> None:
+    """Ask the rollout server whether it takes ``token``, and say what it answered: a
+    refused token is a one-line error; a server that does not answer yet, a warning."""
+    import httpx
+
+    try:
+        reply = httpx.get(
+            f"{server.rstrip('/')}/nodes",
+            headers={"authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+    except httpx.HTTPError as exc:
+        typer.echo(
+            f"polar dashboard: warning: rollout server {server} does not answer "
+            f"({str(exc) or type(exc).__name__}); its tasks show once it does",
+            err=True,
+        )
+        return
+    if reply.status_code == 401:
+        fail(
+            "dashboard",
+            f"rollout server {server} refuses this control token: give the one polar serve "
+            f"uses (--token or {TOKEN_ENV})",
+        )
+    if reply.status_code != 200:
+        typer.echo(
+            f"polar dashboard: warning: rollout server {server} answered HTTP "
+            f"{reply.status_code} to GET /nodes",
+            err=True,
+        )
+        return
+    typer.echo(f"polar dashboard: rollout server {server} takes the control token", err=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -9,6 +10,7 @@ import typer
 
 from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.cli.errors import configure_logging, fail
+from polar.cli.listen import serve_app
 from polar.cli.model import DEFAULT_MODEL_DIR
 
 app = typer.Typer(help="Run an inference server.", no_args_is_help=True, rich_markup_mode=None)
@@ -51,8 +53,6 @@ def serve(
     ] = "processed",
 ) -> None:
     """Serve a causal LM with vLLM's token-in completions API (the embedded engine)."""
-    import uvicorn
-
     from polar.device import DeviceError, check_device, resolve_device
     from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 
@@ -71,6 +71,8 @@ def serve(
             "engine serve", f"no model in {model} (build one with: polar model init --out {model})"
         )
     configure_logging("info")
+    started = time.monotonic()
+    typer.echo(f"polar engine serve: loading {model} on {where} ...", err=True)
     runner = ModelRunner(
         model,
         max_batch=max_batch,
@@ -80,12 +82,18 @@ def serve(
         max_memory_bytes=int(max_memory_gib * 2**30),
         device=where,
     )
+    typer.echo(
+        f"polar engine serve: loaded in {time.monotonic() - started:.1f} s "
+        f"({runner.max_model_len} tokens of context, logprobs {logprobs_mode})",
+        err=True,
+    )
     try:
-        uvicorn.run(
+        serve_app(
+            "engine serve",
             create_engine_app(runner, served_name=served_name),
-            host=host,
-            port=port,
-            log_level="warning",
+            host,
+            port,
+            f"model {served_name!r} at {{url}}v1 (Ctrl-C stops it)",
         )
     finally:
         runner.close()
@@ -103,8 +111,6 @@ def scripted(
     ] = 0.0,
 ) -> None:
     """Serve a scripted model with vLLM's wire format (for tests and demos)."""
-    import uvicorn
-
     from polar.testing.scripted import ScriptedEngine, ScriptError, load_script
     from polar.tokenizer import load_tokenizer
 
@@ -116,4 +122,4 @@ def scripted(
     engine = ScriptedEngine(
         parsed, load_tokenizer(tokenizer), model=model, token_delay_s=token_delay_s
     )
-    uvicorn.run(engine.app, host=host, port=port, log_level="warning")
+    serve_app("engine scripted", engine.app, host, port, f"model {model!r} at {{url}}v1")

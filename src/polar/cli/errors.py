@@ -14,6 +14,8 @@ def fail(command: str, message: str, *, code: int = 2) -> NoReturn:
 
 
 def configure_logging(level: str) -> None:
+    """Log to stderr at ``level``. httpx logs every request it makes at INFO (a node's
+    heartbeat every few seconds): those lines show only at ``debug``."""
     import logging
 
     logging.basicConfig(
@@ -21,3 +23,5 @@ def configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if level.upper() != "DEBUG":
+        logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated
@@ -22,7 +23,6 @@ from polar.harness import (
     RunSpec,
     Stream,
     Toolchain,
-    executable_path,
     install,
     installed_version,
     is_installed,
@@ -87,7 +87,7 @@ def install_command(
                 print(f"{each}: nothing to install")
                 continue
             kept = is_installed(package, cache)
-            path = install(package, cache, toolchain)
+            path = install(package, cache, toolchain, progress=_say("harness install"))
         except InstallError as exc:
             fail("harness install", str(exc), code=1)
         except HarnessError as exc:
@@ -138,11 +138,12 @@ def run_command(
             home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="polar-home-")))
         try:
             harness = load_harness(name, options)
-            if harness.package is not None and not is_installed(harness.package, cache):
-                print(
-                    f"polar harness run: installing {harness.name} {harness.package.version} "
-                    f"into {executable_path(harness.package, cache)}",
-                    file=sys.stderr,
+            if harness.package is not None:  # first, saying how far it got
+                install(
+                    harness.package,
+                    cache,
+                    Toolchain(python=python),
+                    progress=_say("harness run"),
                 )
             spec = RunSpec(
                 gateway_url=gateway,
@@ -166,6 +167,11 @@ def run_command(
         fail("harness run", f"{name} timed out after {timeout_s:g} s", code=TIMEOUT_EXIT_CODE)
     code = result.exit_code
     raise typer.Exit(code if code >= 0 else 128 - code)
+
+
+def _say(command: str) -> Callable[[str], None]:
+    """Progress lines of an install, on stderr."""
+    return lambda line: print(f"polar {command}: {line}", file=sys.stderr, flush=True)
 
 
 def _echo(stream: Stream, line: str) -> None:

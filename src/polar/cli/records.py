@@ -58,5 +58,9 @@ def records(
                 )
                 if r.error:
                     line += f" error={r.error.kind.value}: {r.error.message}"
+                # What the call produced, as far as it got (an aborted call's too).
+                said = r.message.preview() if r.message is not None else ""
+                if said:
+                    line += f"\n       {said}"
                 out.write(line.encode() + b"\n")
     out.flush()

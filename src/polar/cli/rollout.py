@@ -1,4 +1,5 @@
-"""``polar serve``, ``polar node``, ``polar submit``, ``polar status``: the rollout service.
+"""``polar serve``, ``polar node``, ``polar submit``, ``polar status``, ``polar cancel``: the
+rollout service.
 
 The control token is never optional: ``polar serve`` without one generates it
 and prints it once, on stderr, when it starts (``--check`` prints no secret);
@@ -13,7 +14,7 @@ import json
 import secrets
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
 import typer
 from pydantic import BaseModel, ConfigDict
@@ -170,12 +171,10 @@ def serve(
     if check:
         typer.echo(_shown(settings, {"server": {"control_token": True}, "node": SECRETS}))
         return
-    if generated is not None:
-        _announce("serve", generated)
     ray = settings.ray if settings.backend == "ray" else None
     if ray is not None and importlib.util.find_spec("ray") is None:
         fail("serve", "--backend ray needs Ray: pip install 'polar[ray]'")
-    _run("serve", settings.server, settings.node, log_level, ray=ray)
+    _run("serve", settings.server, settings.node, log_level, ray=ray, generated=generated)
 
 
 def node(
@@ -242,16 +241,38 @@ def _run(
     level: str,
     *,
     ray: RayConfig | None = None,
+    generated: str | None = None,
 ) -> None:
+    """Serve until interrupted. Once every server has started, one line says where they
+    listen, and a ``generated`` control token is printed after it (the last line
+    before the logs of work)."""
     from polar.malloctune import pin_mmap_threshold
+    from polar.rollout.deploy import Listening
     from polar.rollout.deploy import serve as serve_both
     from polar.runtime.errors import UnsupportedSpec
     from polar.runtime.lease import LeaseHeld
 
     configure_logging(level)
     pin_mmap_threshold()
+
+    def ready(where: Listening) -> None:
+        parts = []
+        if where.server_url is not None:
+            parts.append(f"rollout server {where.server_url}")
+        if where.gateway_url is not None:
+            parts.append(
+                f"node {where.node_id} (gateway {where.gateway_url}, API {where.node_url})"
+            )
+        if node is not None and server is None:
+            parts.append(f"joining {node.server_url}")
+        if ray is not None:
+            parts.append(f"placing {ray.nodes} node(s) on Ray")
+        typer.echo(f"polar {command}: ready: {', '.join(parts)}", err=True)
+        if generated is not None:
+            _announce(command, generated)
+
     try:
-        asyncio.run(serve_both(server, node, level, ray=ray))
+        asyncio.run(serve_both(server, node, level, ray=ray, on_ready=ready))
     except UnsupportedSpec as exc:
         fail(command, f"the node's sandboxes cannot be given their limits: {exc}")
     except LeaseHeld as exc:
@@ -314,10 +335,14 @@ def submit(
 
         fail("submit", describe_error(exc))
     with _client(server, token) as client:
+        views: list[Any] = []
         try:
-            views = [client.submit(s) for s in submissions]
+            for submission in submissions:
+                views.append(client.submit(submission))
         except RolloutError as exc:
             fail("submit", str(exc))
+        except KeyboardInterrupt:
+            _interrupted([v.task_id for v in views], server)
         for view in views:
             typer.echo(f"submitted {view.task_id} ({view.task}, {view.num_samples} sessions)")
         if not wait:
@@ -326,6 +351,8 @@ def submit(
             results = _follow(client, [v.task_id for v in views])
         except RolloutError as exc:
             fail("submit", str(exc))
+        except KeyboardInterrupt:
+            _interrupted([v.task_id for v in views], server)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("a", encoding="utf-8") as f:
@@ -338,6 +365,54 @@ def submit(
             f"{result.task_id} {result.task}: {result.status.value}, usable {result.usable}/"
             f"{len(result.results)}, mean reward {mean}, rewards {rewards}"
         )
+
+
+def _interrupted(task_ids: list[str], server: str) -> NoReturn:
+    """Ctrl-C: say that the submitted tasks go on, and how to follow or cancel them."""
+    where = "" if server == DEFAULT_SERVER else f" --server {server}"
+    if not task_ids:
+        print("polar submit: interrupted; no task was submitted", file=sys.stderr)
+    else:
+        ids = " ".join(task_ids)
+        print(
+            f"polar submit: interrupted; the submitted tasks go on running on the server: "
+            f"{ids}\n  follow them with: polar status{where} TASK\n"
+            f"  cancel them with: polar cancel{where} {ids}",
+            file=sys.stderr,
+        )
+    raise typer.Exit(130)
+
+
+def cancel(
+    task_ids: Annotated[list[str], typer.Argument(help="Task ids (as polar submit printed).")],
+    server: ServerUrl = DEFAULT_SERVER,
+    token: ControlToken = None,
+) -> None:
+    """Cancel tasks: their queued sessions never start, running ones are stopped (their
+    sandboxes killed); results already in are kept."""
+    from polar.rollout.client import RolloutError
+    from polar.rollout.protocol import TaskStatus
+
+    failed = False
+    with _client(server, token) as client:
+        for task_id in task_ids:
+            try:
+                view = client.cancel(task_id)
+            except RolloutError as exc:
+                if exc.status in (0, 401):  # no server, or not ours: the rest fail alike
+                    fail("cancel", str(exc))
+                print(f"polar cancel: error: {exc}", file=sys.stderr)
+                failed = True
+                continue
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(view.counts.items()))
+            note = (
+                "cancel requested; its running sessions are being stopped"
+                if view.status is TaskStatus.RUNNING
+                else f"{view.status.value}"
+            )
+            typer.echo(f"{view.task_id} {view.task}: {note} ({counts})")
+    if failed:
+        raise typer.Exit(1)
 
 
 def load_selected(command: str, source: str, only: list[str] | None) -> list[Any]:
@@ -450,6 +525,8 @@ def status(
     typer.echo(f"nodes: {len(nodes)}")
     for node in nodes:
         health = "healthy" if node["healthy"] else "unhealthy"
+        if node.get("engine_error"):
+            health += f" ({node['engine_error']})"
         drain = ", draining" if node["draining"] else ""
         typer.echo(f"  {node['node_id']} {node['url']} {health}{drain}, {node['active']} sessions")
     typer.echo(f"tasks: {len(views)}")

@@ -15,7 +15,7 @@ from typing import Any
 from polar.dashboard.html import esc, link, number, page, seconds, status, table, url, when
 from polar.dashboard.sources import StoredSession
 from polar.dashboard.tokens import Built, drift_of
-from polar.ir import CompletionRecord
+from polar.ir import CompletionRecord, RecordStatus
 from polar.rollout.protocol import SessionResult, SessionView, TaskResult, TaskStatus, TaskView
 
 STAGES = ("queued", "preparing", "ready", "running", "building", "evaluating")
@@ -305,6 +305,9 @@ def _call_row(record: CompletionRecord, drift: dict[str, Any]) -> list[str]:
     notes += [f"malformed tool call: {m.reason}" for m in record.malformed_tool_calls]
     if record.error:
         notes.append(f"{record.error.kind.value}: {record.error.message}")
+    said = record.message.preview() if record.message is not None else ""
+    if said and record.status is not RecordStatus.COMPLETED:
+        notes.append(f"sampled before it ended: {said}")  # an aborted call's text
     return [
         esc(f"#{record.seq}.{record.attempt}"),
         status(record.status),

@@ -9,6 +9,7 @@ Layout under the cache directory (``.cache/harness`` by default)::
     venvs/<name>/bin/<bin>                 one virtualenv per PyPI package
     pip-cache/                             pip's download cache
     locks/<slug>.lock                      serializes concurrent installs of one package
+    times/<slug>                           seconds its last install took (the next one's estimate)
 
 Each npm package gets its own prefix so that installing, upgrading or failing
 one CLI never touches another's dependency tree, and several can be installed
@@ -31,22 +32,34 @@ An install is skipped when the pinned version is already there: the installed
 version, and the stamp file :data:`INSTALL_STAMP` written after the last step
 must list the same pins, so a half-finished install or a changed extra pin
 installs again.
+
+**Progress.** An install that runs says so (``progress``, else the module's
+log at INFO): what it installs where, with the time its last install took on
+this cache as the estimate; then every :attr:`Toolchain.progress_every_s` the
+time so far and the megabytes written to the prefix and download cache; then
+how long it took (kept in ``times/<slug>``, the next install's estimate).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
+import logging
+import os
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import assert_never
 
 from polar.harness.errors import InstallError
 from polar.harness.package import NodeRuntime, NpmPackage, Package, PythonPackage
+
+_log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_DIR = Path(".cache/harness")
 DEFAULT_PYTHON = "python3.11"
@@ -64,6 +77,47 @@ class Toolchain:
     """Interpreter that creates the virtualenvs of PyPI harnesses."""
     timeout_s: float = 900.0
     """Limit on each install command."""
+    progress_every_s: float = 15.0
+    """How often a running install command reports how far it got."""
+
+
+Progress = Callable[[str], None]
+"""Where an install's progress lines go (one line each)."""
+
+
+@dataclass(slots=True)
+class _Watch:
+    """A running install, as its progress lines describe it."""
+
+    say: Progress
+    what: str
+    paths: tuple[Path, ...]
+    expected_s: float | None
+    started: float = field(default_factory=time.monotonic)
+    baseline: int = 0
+
+    def __post_init__(self) -> None:
+        self.baseline = sum(_size(path) for path in self.paths)
+
+    def tick(self) -> None:
+        elapsed = time.monotonic() - self.started
+        written = max(0, sum(_size(path) for path in self.paths) - self.baseline)
+        if self.expected_s is None:
+            left = ""
+        elif elapsed < self.expected_s:
+            left = f", about {self.expected_s - elapsed:.0f} s left"
+        else:
+            left = f", longer than the last install ({self.expected_s:.0f} s)"
+        self.say(f"installing {self.what}: {elapsed:.0f} s, {written / 1e6:.0f} MB written{left}")
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
 
 
 def npm_prefix(package: NpmPackage, cache_dir: Path) -> Path:
@@ -141,28 +195,41 @@ def is_installed(package: Package, cache_dir: Path) -> bool:
     return installed_version(package, cache_dir) == package.version
 
 
-def install(package: Package, cache_dir: Path, toolchain: Toolchain | None = None) -> Path:
+def install(
+    package: Package,
+    cache_dir: Path,
+    toolchain: Toolchain | None = None,
+    *,
+    progress: Progress | None = None,
+) -> Path:
     """Install the pinned package unless it is already there; return its command's path.
 
     Concurrent calls for one package (several test workers, several rollouts)
-    wait for each other on a file lock instead of installing twice.
+    wait for each other on a file lock instead of installing twice. An install
+    that runs reports its progress to ``progress`` (see the module docstring).
     """
     toolchain = toolchain or Toolchain()
     cache_dir = cache_dir.resolve()
     if isinstance(package, NpmPackage) and package.node_package is not None:
-        install_node(package.node_package, cache_dir, toolchain)
+        install_node(package.node_package, cache_dir, toolchain, progress=progress)
     with _lock(cache_dir / "locks" / f"{package.slug}.lock"):
         if not is_installed(package, cache_dir):
-            stamp = install_root(package, cache_dir) / INSTALL_STAMP
+            root = install_root(package, cache_dir)
+            stamp = root / INSTALL_STAMP
             stamp.unlink(missing_ok=True)
+            downloads = cache_dir / (
+                "npm-cache" if isinstance(package, NpmPackage) else "pip-cache"
+            )
+            watch = _watch(progress, package.spec, package.slug, cache_dir, root, downloads)
             match package:
                 case NpmPackage():
-                    _install_npm(package, cache_dir, toolchain)
+                    _install_npm(package, cache_dir, toolchain, watch)
                 case PythonPackage():
-                    _install_python(package, cache_dir, toolchain)
+                    _install_python(package, cache_dir, toolchain, watch)
                 case _:
                     assert_never(package)
             stamp.write_text(_stamp(package), encoding="utf-8")
+            _done(watch, package.slug, cache_dir)
             found = installed_version(package, cache_dir)
             if found != package.version:
                 raise InstallError(
@@ -185,7 +252,13 @@ def mark_executables(package: NpmPackage, cache_dir: Path) -> tuple[Path, ...]:
     return found
 
 
-def install_node(runtime: NodeRuntime, cache_dir: Path, toolchain: Toolchain | None = None) -> Path:
+def install_node(
+    runtime: NodeRuntime,
+    cache_dir: Path,
+    toolchain: Toolchain | None = None,
+    *,
+    progress: Progress | None = None,
+) -> Path:
     """Install a Node.js release from the npm registry unless it is there; its ``node``."""
     toolchain = toolchain or Toolchain()
     cache_dir = cache_dir.resolve()
@@ -198,8 +271,11 @@ def install_node(runtime: NodeRuntime, cache_dir: Path, toolchain: Toolchain | N
         except OSError:
             pass
         stamp.unlink(missing_ok=True)
+        prefix = node_prefix(runtime, cache_dir)
+        slug = f"node-{runtime.version}"
+        watch = _watch(progress, runtime.spec, slug, cache_dir, prefix, cache_dir / "npm-cache")
         # The package has no install script: --ignore-scripts loses nothing.
-        _npm_add(runtime.spec, node_prefix(runtime, cache_dir), cache_dir, toolchain)
+        _npm_add(runtime.spec, prefix, cache_dir, toolchain, watch)
         try:
             done = subprocess.run(
                 [str(node), "--version"], capture_output=True, text=True, timeout=60, check=False
@@ -210,7 +286,34 @@ def install_node(runtime: NodeRuntime, cache_dir: Path, toolchain: Toolchain | N
         if found != f"v{runtime.version}":
             raise InstallError(f"{runtime.spec}: installed, but {node} --version says {found!r}")
         stamp.write_text(runtime.spec + "\n", encoding="utf-8")
+        _done(watch, slug, cache_dir)
     return node
+
+
+def _watch(
+    progress: Progress | None, what: str, slug: str, cache_dir: Path, *paths: Path
+) -> _Watch:
+    """Say that ``what`` is being installed, with the estimate, and start watching it."""
+    say = progress or _log.info
+    try:
+        expected: float | None = float((cache_dir / "times" / slug).read_text())
+    except (OSError, ValueError):
+        expected = None
+    estimate = (
+        f"the last install here took {expected:.0f} s"
+        if expected is not None
+        else "the first here: no earlier install to estimate from"
+    )
+    say(f"installing {what} into {paths[0]} ({estimate})")
+    return _Watch(say, what, paths, expected)
+
+
+def _done(watch: _Watch, slug: str, cache_dir: Path) -> None:
+    took = time.monotonic() - watch.started
+    with contextlib.suppress(OSError):
+        (cache_dir / "times").mkdir(parents=True, exist_ok=True)
+        (cache_dir / "times" / slug).write_text(f"{took:.1f}\n")
+    watch.say(f"installed {watch.what} in {took:.0f} s")
 
 
 LAUNCHER = """#!/bin/sh
@@ -222,7 +325,7 @@ exec "$here/../node_modules/.bin/{bin}" "$@"
 """
 
 
-def _npm_add(spec: str, prefix: Path, cache_dir: Path, toolchain: Toolchain) -> None:
+def _npm_add(spec: str, prefix: Path, cache_dir: Path, toolchain: Toolchain, watch: _Watch) -> None:
     """``npm install`` one exact version into its own prefix, no install scripts."""
     prefix.mkdir(parents=True, exist_ok=True)
     _run(
@@ -236,12 +339,13 @@ def _npm_add(spec: str, prefix: Path, cache_dir: Path, toolchain: Toolchain) -> 
         ],
         what=spec,
         toolchain=toolchain,
+        watch=watch,
     )  # fmt: skip
 
 
-def _install_npm(package: NpmPackage, cache_dir: Path, toolchain: Toolchain) -> None:
+def _install_npm(package: NpmPackage, cache_dir: Path, toolchain: Toolchain, watch: _Watch) -> None:
     prefix = npm_prefix(package, cache_dir)
-    _npm_add(package.spec, prefix, cache_dir, toolchain)
+    _npm_add(package.spec, prefix, cache_dir, toolchain, watch)
     if package.install_scripts:
         # The scripts may run the CLI itself (opencode's checks `opencode --version`),
         # which would create its config and data directories in the installing
@@ -257,6 +361,7 @@ def _install_npm(package: NpmPackage, cache_dir: Path, toolchain: Toolchain) -> 
                 what=package.spec,
                 toolchain=toolchain,
                 home=Path(home),
+                watch=watch,
             )  # fmt: skip
     if package.node is not None:
         launcher = executable_path(package, cache_dir)
@@ -268,12 +373,19 @@ def _install_npm(package: NpmPackage, cache_dir: Path, toolchain: Toolchain) -> 
         launcher.chmod(0o755)
 
 
-def _install_python(package: PythonPackage, cache_dir: Path, toolchain: Toolchain) -> None:
+def _install_python(
+    package: PythonPackage, cache_dir: Path, toolchain: Toolchain, watch: _Watch
+) -> None:
     venv = venv_dir(package, cache_dir)
     python = venv / "bin" / "python"
     if not python.exists():
         venv.parent.mkdir(parents=True, exist_ok=True)
-        _run([toolchain.python, "-m", "venv", str(venv)], what=package.spec, toolchain=toolchain)
+        _run(
+            [toolchain.python, "-m", "venv", str(venv)],
+            what=package.spec,
+            toolchain=toolchain,
+            watch=watch,
+        )
     _run(
         [
             str(python), "-m", "pip", "install",
@@ -283,6 +395,7 @@ def _install_python(package: PythonPackage, cache_dir: Path, toolchain: Toolchai
         ],
         what=package.spec,
         toolchain=toolchain,
+        watch=watch,
     )  # fmt: skip
 
 
@@ -298,8 +411,16 @@ def _stamp(package: Package) -> str:
     return "\n".join((package.spec, *extra)) + "\n"
 
 
-def _run(argv: list[str], *, what: str, toolchain: Toolchain, home: Path | None = None) -> None:
-    """Run one install command; ``home`` replaces HOME (and the XDG dirs) for it."""
+def _run(
+    argv: list[str],
+    *,
+    what: str,
+    toolchain: Toolchain,
+    watch: _Watch,
+    home: Path | None = None,
+) -> None:
+    """Run one install command, ``watch`` told how far it got every
+    ``toolchain.progress_every_s``; ``home`` replaces HOME (and the XDG dirs) for it."""
     command = argv
     if home is not None:
         command = [
@@ -308,24 +429,36 @@ def _run(argv: list[str], *, what: str, toolchain: Toolchain, home: Path | None 
             f"XDG_CACHE_HOME={home}/.cache", *argv,
         ]  # fmt: skip
     try:
-        done = subprocess.run(
+        proc = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=toolchain.timeout_s,
-            check=False,
         )
     except FileNotFoundError:
         raise InstallError(f"{what}: {argv[0]} not found") from None
-    except subprocess.TimeoutExpired:
+    deadline = time.monotonic() + toolchain.timeout_s
+    with proc:
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                stdout, stderr = proc.communicate(
+                    timeout=max(0.0, min(toolchain.progress_every_s, left))
+                )
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    proc.kill()
+                    proc.communicate()
+                    raise InstallError(
+                        f"{what}: {argv[0]} took longer than {toolchain.timeout_s:g} s"
+                    ) from None
+                watch.tick()
+    if proc.returncode != 0:
         raise InstallError(
-            f"{what}: {argv[0]} took longer than {toolchain.timeout_s:g} s"
-        ) from None
-    if done.returncode != 0:
-        raise InstallError(
-            f"{what}: `{' '.join(argv[:3])} ...` exited with {done.returncode}: "
-            f"{_last_line(done.stderr) or _last_line(done.stdout) or 'no output'}"
+            f"{what}: `{' '.join(argv[:3])} ...` exited with {proc.returncode}: "
+            f"{_last_line(stderr) or _last_line(stdout) or 'no output'}"
         )
 
 

@@ -6,6 +6,7 @@ engine consumes them. They are frozen: a request is a value, not a builder.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -105,6 +106,22 @@ class Message:
     @property
     def images(self) -> tuple[ImagePart, ...]:
         return tuple(p for p in self.parts if isinstance(p, ImagePart))
+
+    def preview(self, max_chars: int = 300) -> str:
+        """One line for people: the reasoning, text and tool calls, each JSON-quoted
+        and cut to ``max_chars`` characters (``polar records``, the dashboard)."""
+
+        def quoted(text: str) -> str:
+            cut = text if len(text) <= max_chars else text[:max_chars] + "..."
+            return json.dumps(cut, ensure_ascii=False)
+
+        parts = []
+        if self.reasoning:
+            parts.append(f"reasoning={quoted(self.reasoning)}")
+        if self.text:
+            parts.append(f"text={quoted(self.text)}")
+        parts += [f"tool_call={call.name}({quoted(call.arguments)})" for call in self.tool_calls]
+        return " ".join(parts)
 
 
 class ToolKind(StrEnum):

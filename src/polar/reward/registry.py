@@ -79,7 +79,8 @@ async def evaluate(ctx: EvalContext, evaluator: Evaluator | None = None) -> Eval
         raise EvaluatorError(f"evaluator {kind}: runtime failure: {exc}") from exc
     except TimeoutError:
         raise EvaluatorTimeout(
-            f"evaluator {kind} did not finish within its budget of {ctx.timeout_s:g} s"
+            f"evaluator {kind} did not finish within its budget of {ctx.timeout_s:g} s "
+            "(the task's evaluator.timeout_s)"
         ) from None
     except Exception as exc:
         raise EvaluatorError(f"evaluator {kind} crashed: {type(exc).__name__}: {exc}") from exc

@@ -32,6 +32,18 @@ class AgentRun:
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out and not self.cancelled
 
+    def last_output(self, lines: int = 6, width: int = 800) -> str:
+        """The last non-blank lines of the agent's output, stderr's then stdout's, each
+        labelled, on one line (`` | `` between lines): what it said last, not the warning
+        it printed first. At most ``width`` characters; empty when it printed nothing."""
+        parts = []
+        for name, text in (("stderr", self.stderr_tail), ("stdout", self.stdout_tail)):
+            kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+            if kept:
+                parts.append(f"{name}: " + " | ".join(kept))
+        joined = "; ".join(parts)
+        return joined if len(joined) <= width else "..." + joined[-(width - 3) :]
+
     def as_json(self) -> dict[str, object]:
         return {
             "harness": self.harness,

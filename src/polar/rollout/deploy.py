@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -131,21 +133,43 @@ def _uvicorn(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """Where :func:`serve`'s servers listen, once all of them have started."""
+
+    server_url: str | None = None
+    """The rollout server's API."""
+    gateway_url: str | None = None
+    """The node's gateway (what sandboxes' harnesses call, through their relay)."""
+    node_url: str | None = None
+    """The node's API (what the rollout server calls)."""
+    node_id: str | None = None
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{_reachable(host)}:{port}"
+
+
 async def serve(
     server_config: ServerConfig | None,
     node_config: NodeConfig | None,
     log_level: str = "info",
     *,
     ray: RayConfig | None = None,
+    on_ready: Callable[[Listening], None] | None = None,
 ) -> None:
     """Run a rollout server, a node, or both in this process until interrupted; with
     ``ray``, the server here and ``ray.nodes`` nodes as Ray actors (``node_config`` is
-    their template; see :mod:`polar.rollout.raynodes`)."""
+    their template; see :mod:`polar.rollout.raynodes`). ``on_ready`` is called once,
+    when every server here has started (after their start-up, before Ray places nodes)."""
     servers: list[tuple[uvicorn.Server, socket.socket]] = []
     extra: list[asyncio.Task[None]] = []
     ray_nodes = None
+    listening = Listening()
     if server_config is not None:
         sock = listening_socket(server_config.host, server_config.port)
+        listening = dataclasses.replace(listening, server_url=_url(sock))
         rollout = RolloutServer(server_config)
         servers.append((_uvicorn(create_server_app(rollout), log_level), sock))
         if ray is not None and node_config is not None:
@@ -164,6 +188,12 @@ async def serve(
         control = listening_socket(node_config.control_host, node_config.control_port)
         service.bind(*sock.getsockname()[:2])
         service.bind_control(*control.getsockname()[:2])
+        listening = dataclasses.replace(
+            listening,
+            gateway_url=_url(sock),
+            node_url=service.node.url,
+            node_id=node_config.node_id,
+        )
         # The API first: its server is up before the gateway's start-up starts the node.
         servers.append((_uvicorn(service.control_app, log_level), control))
         servers.append(
@@ -173,6 +203,8 @@ async def serve(
     elif server_config is not None:
         tune_for_serving()
     tasks = [asyncio.ensure_future(server.serve(sockets=[sock])) for server, sock in servers]
+    if on_ready is not None:
+        extra.append(asyncio.ensure_future(_when_started(servers, listening, on_ready)))
     if ray_nodes is not None:
         placed = await asyncio.to_thread(ray_nodes.start)
         for node in placed:
@@ -191,6 +223,19 @@ async def serve(
             server.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.gather(*tasks, *extra, return_exceptions=True)
+
+
+async def _when_started(
+    servers: list[tuple[uvicorn.Server, socket.socket]],
+    listening: Listening,
+    on_ready: Callable[[Listening], None],
+) -> None:
+    # uvicorn's servers say they started only by a flag: poll it.
+    while True:
+        if all(server.started for server, _ in servers):
+            on_ready(listening)
+            return
+        await asyncio.sleep(0.05)
 
 
 class NodeThread:

@@ -277,7 +277,8 @@ class Pipeline:
         except TimeoutError:
             raise SessionFailed(
                 FailureReason.PREPARATION,
-                f"preparation took longer than {self.settings.prepare_timeout_s:g} s",
+                f"the preparation timeout fired: preparation took longer than "
+                f"{self.settings.prepare_timeout_s:g} s (the node's prepare_timeout_s)",
             ) from None
         except SessionFailed:
             raise
@@ -510,20 +511,30 @@ def _run_outcome(
     session: NodeSession, agent: AgentRun, limit: str | None, failure: FailureReason
 ) -> tuple[SessionStatus, str]:
     """The status and error of a run stage that ended in ``failure``: TIMEOUT when the
-    harness ran past its budget (and no limit was hit), ERROR otherwise; the message
-    says what happened, and for ``engine`` which call error came first."""
-    output = (agent.stderr_tail or agent.stdout_tail)[-500:].strip()
+    harness ran past its budget (and no limit was hit), ERROR otherwise. The message
+    starts with what ended the run (the limit that fired, the session timeout, the
+    exit code), for ``engine`` after which call error came first, and ends with the
+    last lines of the agent's output."""
     if limit is not None:
         status, message = SessionStatus.ERROR, limit
     elif agent.timed_out:
         budget = session.dispatch.session_timeout_s
-        status, message = SessionStatus.TIMEOUT, f"the harness ran past its {budget:g} s budget"
+        status, message = (
+            SessionStatus.TIMEOUT,
+            f"the session timeout fired: the harness ran past its {budget:g} s budget "
+            "(session_timeout_s) and was killed",
+        )
     elif agent.ok:
         status, message = SessionStatus.ERROR, "the harness exited 0"
+    elif agent.exit_code < 0:
+        status, message = (
+            SessionStatus.ERROR,
+            f"the harness was killed (signal {-agent.exit_code}) after {agent.duration_s:.1f} s",
+        )
     else:
         status, message = (
             SessionStatus.ERROR,
-            f"the harness exited with {agent.exit_code}: {output}",
+            f"the harness exited with code {agent.exit_code} after {agent.duration_s:.1f} s",
         )
     call = session.calls.last_error
     if failure is FailureReason.ENGINE and call is not None:
@@ -532,4 +543,5 @@ def _run_outcome(
         )
     elif failure is FailureReason.HARNESS and session.calls.answered == 0:
         message = f"{message} (the model answered no call)"
-    return status, message
+    output = agent.last_output()
+    return status, f"{message}; last output: {output}" if output else f"{message}; no output"

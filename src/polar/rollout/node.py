@@ -167,6 +167,7 @@ class Node:
         self._loops: list[asyncio.Task[None]] = []
         self._http: httpx.AsyncClient | None = None
         self._stopping = False
+        self._engine_problem: str | None = None
         self.url = config.url
 
     @property
@@ -382,7 +383,8 @@ class Node:
                     await self._register()
                     registered = True
                 beat = NodeHeartbeat(
-                    sessions={sid: session.status for sid, session in self.sessions.items()}
+                    sessions={sid: session.status for sid, session in self.sessions.items()},
+                    engine_error=await self.check_engine(),
                 )
                 reply = await self._http.post(
                     f"{config.server_url}/nodes/{config.node_id}/heartbeat",
@@ -397,6 +399,31 @@ class Node:
                 _log.warning("rollout server %s unreachable: %s", config.server_url, exc)
                 registered = False
             await asyncio.sleep(config.heartbeat_interval_s)
+
+    async def check_engine(self) -> str | None:
+        """Whether the gateway's engine answers ``GET /v1/models`` (any reply below 500
+        counts: an engine without that route still answers); why not, in one line."""
+        engine = self.config.gateway.engine
+        url = f"{engine.base_url.rstrip('/')}/v1/models"
+        headers = {"authorization": f"Bearer {engine.api_key}"} if engine.api_key else {}
+        wait = min(5.0, self.config.heartbeat_interval_s)
+        problem: str | None = None
+        try:
+            # Its own client: the control token is for the rollout server only.
+            async with httpx.AsyncClient(timeout=wait) as client:
+                reply = await client.get(url, headers=headers)
+        except httpx.HTTPError as exc:
+            problem = f"engine {engine.base_url} unreachable: {str(exc) or type(exc).__name__}"
+        else:
+            if reply.status_code >= 500:
+                problem = f"engine {engine.base_url} answered HTTP {reply.status_code}"
+        if problem != self._engine_problem:
+            if problem is not None:
+                _log.warning("node %s: %s", self.config.node_id, problem)
+            elif self._engine_problem is not None:
+                _log.info("node %s: engine %s answers again", self.config.node_id, url)
+            self._engine_problem = problem
+        return problem
 
     async def _obey(self, reply: HeartbeatReply) -> None:
         for sid in reply.forget:

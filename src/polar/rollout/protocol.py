@@ -357,6 +357,8 @@ class NodeRegistration(_Model):
 class NodeHeartbeat(_Model):
     sessions: dict[str, SessionStatus] = Field(default_factory=dict)
     """Every session the node holds (running, or finished and not yet acknowledged)."""
+    engine_error: str | None = None
+    """Why the node's inference engine did not answer its last check; None when it did."""
 
 
 class HeartbeatReply(_Model):
@@ -373,6 +375,9 @@ class NodeView(_Model):
     url: str
     capacity: NodeCapacity
     healthy: bool
+    """The node answers its heartbeats and its engine answers the node."""
     draining: bool
     active: int
     last_seen: float
+    engine_error: str | None = None
+    """Why the node's engine did not answer the node's last check, as it reported."""

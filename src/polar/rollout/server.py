@@ -68,6 +68,7 @@ class NodeState:
     registration: NodeRegistration
     last_seen: float = field(default_factory=time.monotonic)
     draining: bool = False
+    engine_error: str | None = None
 
     @property
     def id(self) -> str:
@@ -377,6 +378,7 @@ class RolloutServer:
         if node is None:
             raise ApiError(404, f"node {node_id} is not registered", "not_found")
         node.last_seen = time.monotonic()
+        node.engine_error = beat.engine_error  # the node logs the change
         self.store.node_seen(node_id)
         forget: list[str] = []
         cancel: list[str] = []
@@ -440,6 +442,8 @@ class RolloutServer:
         return self.node_view(node)
 
     def _healthy(self, node: NodeState) -> bool:
+        """The node answers its heartbeats (what dispatch needs: a harness that makes no
+        model call runs without an engine; whether the engine answers is reported apart)."""
         return time.monotonic() - node.last_seen < self.config.node_timeout_s
 
     def _active(self) -> dict[str, int]:
@@ -454,10 +458,11 @@ class RolloutServer:
             node_id=node.id,
             url=node.registration.url,
             capacity=node.registration.capacity,
-            healthy=self._healthy(node),
+            healthy=self._healthy(node) and node.engine_error is None,
             draining=node.draining,
             active=self._active().get(node.id, 0),
             last_seen=round(time.monotonic() - node.last_seen, 3),
+            engine_error=node.engine_error,
         )
 
     # ---------------------------------------------------------------- loops

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import secrets
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from polar.harness.exchange import SHELL_EXCHANGES, ShellExchange
 from polar.harness.install import DEFAULT_CACHE_DIR
 from polar.ir import PromptOrigin, RecordStatus
 from polar.rollout.conversation import request_of
-from polar.train.warmup import WarmupSpec, is_warmed, warm_up
+from polar.train.warmup import WarmupSpec, is_warmed, progress, warm_up
 
 INSTRUCTION = "Write the word polar into proof.txt using the shell."
 COMMAND = "echo polar > proof.txt"
@@ -246,14 +247,19 @@ def teach_agents(
 
     calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     sampled_at: list[tuple[float | None, float | None]] = []
+    most = len(versions) * len(WORKSPACES)  # a CLI's later workspaces may be skipped
+    done = 0
+    started = time.monotonic()
     for name, version in versions.items():
         for workspace in WORKSPACES:
-            echo(f"rehearsing {name} {version} in {workspace}/")
+            echo(f"rehearsing {name} {version} in {workspace}/ ({done + 1} of at most {most})")
             rehearsal = rehearse(name, base, cache_dir=cache_dir, workspace=workspace)
+            done += 1
             calls += [(c.prompt_ids, c.output_ids) for c in rehearsal.calls]
             sampled_at += [(c.temperature, c.top_p) for c in rehearsal.calls]
             lengths = ", ".join(str(len(c.prompt_ids)) for c in rehearsal.calls)
-            echo(f"  {len(rehearsal.calls)} calls, prompts of {lengths} tokens")
+            pace = progress(time.monotonic() - started, done, most, early_stop=True)
+            echo(f"  {len(rehearsal.calls)} calls, prompts of {lengths} tokens ({pace})")
             if not rehearsal.names_workspace_within(spec.tail, decode):
                 break
     return warm_up(base, out, spec, rehearsed=calls, rehearsed_from=origin, sampled_at=sampled_at)

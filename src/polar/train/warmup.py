@@ -297,6 +297,19 @@ def _per_example(values: Any, long: Sequence[LongExample]) -> list[Any]:
     return out
 
 
+PROGRESS_EVERY_S = 30.0
+"""The longest the warm-up goes without a progress line (a rehearsed step can take minutes)."""
+
+
+def progress(elapsed_s: float, done: int, total: int, *, early_stop: bool) -> str:
+    """``12 s, about 85 s left``: the time left at the mean pace of the steps so far
+    (``at most`` when the loop may stop early, as with rehearsed calls)."""
+    left = elapsed_s / done * (total - done)
+    if done >= total:
+        return f"{elapsed_s:.0f} s"
+    return f"{elapsed_s:.0f} s, {'at most ' if early_stop else ''}about {left:.0f} s left"
+
+
 def warm_up(
     base: Path,
     out: Path,
@@ -346,7 +359,7 @@ def warm_up(
     # temperature, is the whole top-p nucleus, with the spec's margin.
     needed = [spec.learnt_at(e.top_p) for e in long]
     kvs: list[list[tuple[Any, Any]]] = []
-    started = time.monotonic()
+    started = said = time.monotonic()
     for step in range(last):
         optimizer.zero_grad()
         if long:
@@ -368,11 +381,13 @@ def warm_up(
         optimizer.step()
         schedule.step()
         losses.append(float(loss.detach()))
-        if step % 50 == 0 or step == last - 1 or exact:
+        now = time.monotonic()
+        if step % 50 == 0 or step == last - 1 or exact or now - said >= PROGRESS_EVERY_S:
+            said = now
             extra = f", rehearsed worst token p@T {worst:.3f}" if long else ""
             print(
-                f"  warm-up step {step:>4}: loss {losses[-1]:.4f}{extra} "
-                f"({time.monotonic() - started:.0f} s)",
+                f"  warm-up step {step + 1:>4}/{last}: loss {losses[-1]:.4f}{extra} "
+                f"({progress(now - started, step + 1, last, early_stop=bool(long))})",
                 flush=True,
             )
     if long:
