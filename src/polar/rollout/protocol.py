@@ -71,7 +71,9 @@ TERMINAL = frozenset(
 class TaskStatus(StrEnum):
     RUNNING = "running"
     COMPLETED = "completed"
-    """Every session ended (some may have failed: see the results)."""
+    """Every session ended and at least one completed (some may have failed: see the results)."""
+    FAILED = "failed"
+    """Every session ended and none completed: nothing of the task is usable."""
     CANCELLED = "cancelled"
 
 

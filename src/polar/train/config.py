@@ -18,7 +18,7 @@ from polar.device import check_device
 from polar.precision import Precision
 from polar.proxy.behaviour import SamplingPolicy
 from polar.rollout.protocol import HarnessSpec
-from polar.train.grpo import Aggregation, Baseline, MissingLogprob
+from polar.train.variants import Aggregation, Baseline, MissingLogprob
 
 
 class _Section(BaseModel):
