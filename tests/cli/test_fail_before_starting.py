@@ -205,3 +205,23 @@ def test_train_says_a_missing_file_is_missing_before_loading_the_trainer(tmp_pat
         timeout=120,
     )
     assert probe.stdout.strip() == "False", probe.stderr
+
+
+def test_train_without_gateways_needs_the_control_token_to_ask_for_them(tmp_path: Path) -> None:
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        f"""
+model: {tmp_path / "model"}
+steps: 1
+rollout: {{tasks: builtin, harness: {{name: minicoder}}}}
+weight_sync:
+  engines: [{{kind: embedded, url: "http://127.0.0.1:9"}}]
+"""
+    )
+
+    run = polar("train", str(config))
+
+    assert one_line(run, "train") == (
+        f"{config}: config: Value error, weight_sync.gateways: list them, or give "
+        "rollout.control_token so the rollout server tells the trainer its nodes' gateways"
+    )

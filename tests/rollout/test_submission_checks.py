@@ -1,9 +1,13 @@
 """What the rollout server tells an operator at once: a harness that could not run
-is refused at submission (422 naming the field, nothing stored), and a task none
-of whose sessions completed is ``failed``, not ``completed``."""
+is refused at submission (422 naming the field, nothing stored), a task none of
+whose sessions completed is ``failed``, not ``completed``, and a trainer learns
+the nodes' gateways and their admin tokens from the server, under the control
+token, instead of from a secret it cannot see."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +17,7 @@ import pytest
 
 from polar.rollout.protocol import HarnessSpec, SessionStatus, TaskStatus, TaskSubmission
 from polar.tasks.model import EvaluatorSpec
+from polar.train.weightsync import GatewayAdmin, WeightSyncError, rollout_gateways
 
 from support.agents import agent_task, shell_harness
 from support.rollout import CONTROL_TOKEN, RolloutStack
@@ -83,3 +88,41 @@ def test_a_task_none_of_whose_sessions_completed_is_failed(
 
     assert [s.status for s in result.results] == [SessionStatus.ERROR, SessionStatus.ERROR]
     assert result.status is view.status is TaskStatus.FAILED
+
+
+def test_the_server_tells_a_trainer_its_nodes_gateways_under_the_control_token(
+    make_rollout: Callable[..., RolloutStack], tmp_path: Path
+) -> None:
+    stack = make_rollout({"sessions": [HELLO]})
+    node = stack.node_config
+
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        assert http.get("/gateways").status_code == 401
+        listed = http.get("/gateways", headers=AUTH).json()
+    assert listed == [
+        {
+            "node_id": node.node_id,
+            "url": stack.node_thread.gateway_url,
+            "admin_token": node.gateway.admin_token,
+        }
+    ]
+    targets = rollout_gateways(stack.url, CONTROL_TOKEN, wait_s=0)
+    assert [(t.url, t.admin_token) for t in targets] == [
+        (stack.node_thread.gateway_url, node.gateway.admin_token)
+    ]
+    admin = GatewayAdmin(targets[0])  # what weight sync does first: the gateway answers
+    try:
+        assert admin.state().policy_version is not None
+    finally:
+        admin.close()
+    with pytest.raises(WeightSyncError) as caught:
+        rollout_gateways(stack.url, "wrong-token-0123456789", wait_s=0)
+    assert str(caught.value) == (
+        "weight_sync.gateways: none given, and the rollout server did not list its "
+        "nodes' gateways: missing or wrong control token"
+    )
+    # The admin token is handed out, never written to the server's database.
+    with contextlib.closing(sqlite3.connect(stack.server_config.db)) as db:
+        stored = " ".join(row[0] for row in db.execute("SELECT registration FROM nodes"))
+    assert node.node_id in stored
+    assert node.gateway.admin_token not in stored

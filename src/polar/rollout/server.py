@@ -46,6 +46,7 @@ from polar.rollout.files import FileStore, unfinished
 from polar.rollout.http import ApiError
 from polar.rollout.protocol import (
     EventKind,
+    GatewayAccess,
     HeartbeatReply,
     NodeHeartbeat,
     NodeRegistration,
@@ -463,6 +464,14 @@ class RolloutServer:
             if session.node_id is not None:
                 counts[session.node_id] = counts.get(session.node_id, 0) + 1
         return counts
+
+    def gateways(self) -> list[GatewayAccess]:
+        """Every registered node's gateway that said how a trainer reaches it."""
+        return [
+            node.registration.gateway
+            for node in self.nodes.values()
+            if node.registration.gateway is not None
+        ]
 
     def node_view(self, node: NodeState) -> NodeView:
         return NodeView(
