@@ -176,6 +176,18 @@ def test_serve_check_runs_the_checks_start_up_runs(tmp_path: Path) -> None:
             "use capture: token_in_token_out (its default)"
         )
 
+    config = serve_file(tmp_path, free_port())
+    nowhere = tmp_path / "no-tokenizer-here"
+    config.write_text(
+        config.read_text().replace(
+            "    store:", f"    render: {{tokenizer: {nowhere}}}\n    store:"
+        )
+    )
+    run = polar("serve", "-c", str(config), "--check")
+    assert one_line(run, "serve").startswith(
+        f"node.gateway.render.tokenizer: cannot load a tokenizer from {nowhere} ("
+    )
+
     config.write_text(config.read_text().replace("kind: embedded", "kind: no_such_engine_xyz:E"))
     run = polar("serve", "-c", str(config), "--check")
     assert one_line(run, "serve") == (

@@ -186,11 +186,14 @@ def gateway(
         workers=workers,
         log_level=log_level,
     )
+    from polar.proxy.capture import check_tokenizer
     from polar.proxy.engines.registry import check_engine
 
     try:
         settings = load_gateway_config(config, overrides)
         check_engine(settings)
+        if check:
+            check_tokenizer(settings)
     except ConfigError as exc:
         fail("gateway", str(exc))
     if check:

@@ -167,7 +167,7 @@ def serve(
     if ray is not None and importlib.util.find_spec("ray") is None:
         fail("serve", "--backend ray needs Ray: pip install 'polar[ray]'")
     if ray is None:
-        preflight("serve", settings.node, "node.")
+        preflight("serve", settings.node, "node.", tokenizer=check)
     if check:
         typer.echo(_shown(settings, {"server": {"control_token": True}, "node": SECRETS}))
         return
@@ -221,7 +221,7 @@ def node(
     if not raw.get("control_token"):
         fail("node", f"the rollout server's control token is needed (--token or {TOKEN_ENV})")
     settings = validate_config("node", NodeConfig, raw)
-    preflight("node", settings, "")
+    preflight("node", settings, "", tokenizer=check)
     if check:
         typer.echo(_shown(settings, SECRETS))
         return
@@ -231,16 +231,20 @@ def node(
     _run("node", None, settings, log_level)
 
 
-def preflight(command: str, node: NodeConfig, prefix: str) -> None:
+def preflight(command: str, node: NodeConfig, prefix: str, *, tokenizer: bool) -> None:
     """The checks a node runs as it starts, short of taking its ports and leases:
-    its engine plug-in and its sandboxes' limits (``--check`` runs them too).
+    its engine plug-in and its sandboxes' limits, and with ``tokenizer`` (for
+    ``--check``: start-up loads it anyway) the gateway's ``render.tokenizer``.
     ``prefix``: where the node's section is in the file (``node.`` in serve's)."""
+    from polar.proxy.capture import check_tokenizer
     from polar.proxy.engines.registry import check_engine
     from polar.rollout.node import check_node
     from polar.runtime.errors import UnsupportedSpec
 
     try:
         check_engine(node.gateway)
+        if tokenizer:
+            check_tokenizer(node.gateway)
         check_node(node)
     except ConfigError as exc:
         fail(command, f"{prefix}gateway.{exc}")
