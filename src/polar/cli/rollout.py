@@ -293,8 +293,10 @@ def _run(
         asyncio.run(serve_both(server, node, level, ray=ray))
     except UnsupportedSpec as exc:
         fail(command, f"the node's sandboxes cannot be given their limits: {exc}")
-    except (LeaseHeld, ConfigError) as exc:
+    except LeaseHeld as exc:
         fail(command, str(exc))
+    except ConfigError as exc:  # the gateway's, found as it is built
+        fail(command, f"{'node.' if server is not None else ''}gateway.{exc}")
     except OSError as exc:
         fail(command, f"cannot listen: {exc.strerror or exc}")
     except KeyboardInterrupt:
