@@ -57,7 +57,9 @@ def test_engine_serve_on_a_device_that_is_not_there_is_a_one_line_error(
         pytest.skip("this machine has a GPU")
     out = tmp_path / "tiny"
     assert polar("model", "init", "--out", str(out)).returncode == 0
-    result = polar("engine", "serve", "--model", str(out), "--device", device)
+    # a free port: the port is tried before the device (before torch loads)
+    port = str(free_port())
+    result = polar("engine", "serve", "--model", str(out), "--device", device, "--port", port)
     assert result.returncode == 2
     assert result.stderr.strip() == f"polar engine serve: error: {message}"
 

@@ -233,7 +233,7 @@ def test_a_restarted_server_reports_sessions_whose_node_never_returns(
     assert session.status is SessionStatus.ERROR
     assert session.failure is FailureReason.NODE_LOST
     assert session.error == f"node {stack.node_config.node_id} stopped answering"
-    assert result.status is TaskStatus.COMPLETED and result.usable == 0
+    assert result.status is TaskStatus.FAILED and result.usable == 0
 
 
 def test_early_stop_cancels_the_rest_once_enough_sessions_are_usable(

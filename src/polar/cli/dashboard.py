@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from polar.cli.errors import fail
 from polar.cli.listen import serve_app
 from polar.cli.options import DEFAULT_SERVER, TOKEN_ENV
+from polar.cli.ports import Listen, check_ports
 from polar.configfile import describe_error
 
 
@@ -78,6 +79,7 @@ def dashboard(
         fail("dashboard", str(exc))
     if server is not None and not server.startswith(("http://", "https://")):
         fail("dashboard", "--server must start with http:// or https://")
+    check_ports("dashboard", Listen(host, port, "--port"))  # before the tokenizer loads
     try:
         loaded = load_tokenizer(tokenizer)
     except TokenizerLoadError as exc:

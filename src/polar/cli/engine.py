@@ -12,6 +12,7 @@ from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.cli.errors import configure_logging, fail
 from polar.cli.listen import serve_app
 from polar.cli.model import DEFAULT_MODEL_DIR
+from polar.cli.ports import Listen, check_ports
 
 app = typer.Typer(help="Run an inference server.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -54,14 +55,11 @@ def serve(
 ) -> None:
     """Serve a causal LM with vLLM's token-in completions API (the embedded engine)."""
     from polar.device import DeviceError, check_device, resolve_device
-    from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 
     try:
-        where = resolve_device(check_device(device))
+        check_device(device)
     except ValueError as exc:
         fail("engine serve", f"--device: {exc}")
-    except DeviceError as exc:
-        fail("engine serve", str(exc))
     if logprobs_mode not in ("raw", "processed"):
         fail("engine serve", "--logprobs-mode must be raw or processed")
     if max_memory_gib <= 0 or prefill_chunk < 1:
@@ -70,6 +68,14 @@ def serve(
         fail(
             "engine serve", f"no model in {model} (build one with: polar model init --out {model})"
         )
+    check_ports("engine serve", Listen(host, port, "--port"))  # before torch loads
+
+    from polar.proxy.engines.embedded import ModelRunner, create_engine_app
+
+    try:
+        where = resolve_device(device)
+    except DeviceError as exc:
+        fail("engine serve", str(exc))
     configure_logging("info")
     started = time.monotonic()
     typer.echo(f"polar engine serve: loading {model} on {where} ...", err=True)
@@ -118,6 +124,7 @@ def scripted(
         parsed = load_script(script)
     except ScriptError as exc:
         fail("engine scripted", str(exc))
+    check_ports("engine scripted", Listen(host, port, "--port"))
     configure_logging("info")
     engine = ScriptedEngine(
         parsed, load_tokenizer(tokenizer), model=model, token_delay_s=token_delay_s

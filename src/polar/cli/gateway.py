@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from polar.cli.errors import configure_logging, fail
+from polar.cli.ports import Listen, check_ports
 from polar.configfile import ConfigError
 from polar.ir import CaptureMode
 from polar.proxy.config import GatewayConfig, load_gateway_config
@@ -194,8 +195,14 @@ def gateway(
         workers=workers,
         log_level=log_level,
     )
+    from polar.proxy.capture import check_tokenizer
+    from polar.proxy.engines.registry import check_engine
+
     try:
         settings = load_gateway_config(config, overrides)
+        check_engine(settings)
+        if check:
+            check_tokenizer(settings)
     except ConfigError as exc:
         fail("gateway", str(exc))
     if check:
@@ -203,6 +210,7 @@ def gateway(
             settings.model_dump_json(indent=2, exclude={"admin_token": True, "engine": {"api_key"}})
         )
         return
+    check_ports("gateway", Listen(settings.host, settings.port, "--port or port"))
     run_gateway(settings)
 
 

@@ -37,6 +37,7 @@ from polar.cli.options import (
     TaskIds,
     TaskSource,
 )
+from polar.cli.ports import Listen, check_ports
 from polar.configfile import ConfigError, load_config, merge, read_yaml
 from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.raynodes import RayConfig
@@ -85,8 +86,6 @@ def node_defaults(
         gateway.setdefault("engine", {})["model"] = engine_model
     if engine_kind is not None:
         gateway.setdefault("engine", {})["kind"] = engine_kind
-        if engine_kind == "embedded":  # token-in only
-            gateway.setdefault("capture", "token_in_token_out")
     if token is not None:
         node["control_token"] = token
 
@@ -168,12 +167,22 @@ def serve(
         f"http://{server_section.get('host', '127.0.0.1')}:{server_section.get('port', 8200)}",
     )
     settings = validate_config("serve", ServeConfig, data)
-    if check:
-        typer.echo(_shown(settings, {"server": {"control_token": True}, "node": SECRETS}))
-        return
     ray = settings.ray if settings.backend == "ray" else None
     if ray is not None and importlib.util.find_spec("ray") is None:
         fail("serve", "--backend ray needs Ray: pip install 'polar[ray]'")
+    if ray is None:
+        preflight("serve", settings.node, "node.", tokenizer=check)
+    if check:
+        typer.echo(_shown(settings, {"server": {"control_token": True}, "node": SECRETS}))
+        return
+    listens = [Listen(settings.server.host, settings.server.port, "--port or server.port")]
+    if ray is None:
+        listens += node_listens(
+            settings.node,
+            "--node-port or node.gateway.port",
+            "--node-control-port or node.control_port",
+        )
+    check_ports("serve", *listens)
     _run("serve", settings.server, settings.node, log_level, ray=ray, generated=generated)
 
 
@@ -214,10 +223,43 @@ def node(
     if not raw.get("control_token"):
         fail("node", f"the rollout server's control token is needed (--token or {TOKEN_ENV})")
     settings = validate_config("node", NodeConfig, raw)
+    preflight("node", settings, "", tokenizer=check)
     if check:
         typer.echo(_shown(settings, SECRETS))
         return
+    check_ports(
+        "node", *node_listens(settings, "--port or gateway.port", "--control-port or control_port")
+    )
     _run("node", None, settings, log_level)
+
+
+def preflight(command: str, node: NodeConfig, prefix: str, *, tokenizer: bool) -> None:
+    """The checks a node runs as it starts, short of taking its ports and leases:
+    its engine plug-in and its sandboxes' limits, and with ``tokenizer`` (for
+    ``--check``: start-up loads it anyway) the gateway's ``render.tokenizer``.
+    ``prefix``: where the node's section is in the file (``node.`` in serve's)."""
+    from polar.proxy.capture import check_tokenizer
+    from polar.proxy.engines.registry import check_engine
+    from polar.rollout.node import check_node
+    from polar.runtime.errors import UnsupportedSpec
+
+    try:
+        check_engine(node.gateway)
+        if tokenizer:
+            check_tokenizer(node.gateway)
+        check_node(node)
+    except ConfigError as exc:
+        fail(command, f"{prefix}gateway.{exc}")
+    except UnsupportedSpec as exc:
+        fail(command, f"the node's sandboxes cannot be given their limits: {exc}")
+
+
+def node_listens(node: NodeConfig, gateway_setting: str, control_setting: str) -> list[Listen]:
+    """The node's two addresses: its gateway's and its API's."""
+    return [
+        Listen(node.gateway.host, node.gateway.port, gateway_setting),
+        Listen(node.control_host, node.control_port, control_setting),
+    ]
 
 
 def read_config(command: str, path: Path | None) -> dict[str, Any]:
@@ -277,6 +319,8 @@ def _run(
         fail(command, f"the node's sandboxes cannot be given their limits: {exc}")
     except LeaseHeld as exc:
         fail(command, str(exc))
+    except ConfigError as exc:  # the gateway's, found as it is built
+        fail(command, f"{'node.' if server is not None else ''}gateway.{exc}")
     except OSError as exc:
         fail(command, f"cannot listen: {exc.strerror or exc}")
     except KeyboardInterrupt:
@@ -312,11 +356,18 @@ def submit(
     """Submit tasks to a rollout server (each as one group), and follow them."""
     from pydantic import ValidationError
 
+    from polar.harness import InvalidHarnessOptions, UnknownHarness, check_harness
     from polar.rollout.client import RolloutError
-    from polar.rollout.protocol import HarnessSpec, TaskSubmission
+    from polar.rollout.protocol import HarnessSpec, TaskStatus, TaskSubmission
 
-    loaded = load_selected("submit", tasks, task_id)
     options = dict(parse_option("submit", o) for o in option or [])
+    try:  # as the server would (422), before anything is loaded or sent
+        check_harness(harness, options)
+    except UnknownHarness as exc:
+        fail("submit", f"--harness: {exc}")
+    except InvalidHarnessOptions as exc:
+        fail("submit", f"--option: {exc}")
+    loaded = load_selected("submit", tasks, task_id)
     try:
         submissions = [
             TaskSubmission(
@@ -364,6 +415,11 @@ def submit(
         typer.echo(
             f"{result.task_id} {result.task}: {result.status.value}, usable {result.usable}/"
             f"{len(result.results)}, mean reward {mean}, rewards {rewards}"
+        )
+    failed = [r for r in results if r.status is TaskStatus.FAILED]
+    if failed:
+        fail(
+            "submit", f"{len(failed)} of {len(results)} tasks failed: no session completed", code=1
         )
 
 

@@ -24,13 +24,9 @@ def train(
     ] = None,
 ) -> None:
     """Train a policy with GRPO on groups from a rollout server, pushing weights to the engines."""
+    # The config is read and checked before torch and the trainer load (seconds).
     from polar.configfile import ConfigError
-    from polar.rollout.client import RolloutError
-    from polar.train.checkpoint import CheckpointError
     from polar.train.config import load_train_config
-    from polar.train.reload import WeightSyncError
-    from polar.train.trainer import TrainError
-    from polar.train.trainer import train as run
 
     overrides: dict[str, object] = {}
     if steps is not None:
@@ -43,6 +39,12 @@ def train(
         parsed = load_train_config(config, overrides)
     except ConfigError as exc:
         fail("train", str(exc))
+    from polar.rollout.client import RolloutError
+    from polar.train.checkpoint import CheckpointError
+    from polar.train.reload import WeightSyncError
+    from polar.train.trainer import TrainError
+    from polar.train.trainer import train as run
+
     configure_logging("warning")
     try:
         result = run(parsed)

@@ -27,7 +27,7 @@ from polar.harness.install import (
 )
 from polar.harness.package import NpmPackage, Package, PythonPackage
 from polar.harness.process import ProcessResult, Stream, run_process
-from polar.harness.registry import INSTALLABLE, PRESETS, load_harness
+from polar.harness.registry import INSTALLABLE, PRESETS, check_harness, load_harness
 from polar.harness.runner import HarnessRun, prepare, run_harness
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "Toolchain",
     "UnknownHarness",
     "base_env",
+    "check_harness",
     "executable_path",
     "install",
     "installed_version",

@@ -9,6 +9,7 @@ so string options from a command line become the fields' types
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,3 +43,23 @@ def load_harness(ref: str, options: Mapping[str, Any] | None = None) -> Harness:
     if not isinstance(harness, Harness):
         raise UnknownHarness(f"{ref} returned {type(harness).__name__}, not a harness")
     return harness
+
+
+def check_harness(ref: str, options: Mapping[str, Any] | None = None) -> None:
+    """Refuse, as :func:`load_harness` would, a harness that cannot run: an unknown
+    preset, options its factory does not accept (``shell`` without ``command``).
+
+    A ``package.module:factory`` whose package this process cannot find is let
+    through: it may be installed only where the harness runs (the nodes).
+    """
+    module_name, sep, _ = ref.partition(":")
+    if sep and ref not in PRESETS and not _findable(module_name):
+        return
+    load_harness(ref, options)
+
+
+def _findable(module_name: str) -> bool:
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except (ImportError, ValueError):
+        return False

@@ -471,6 +471,17 @@ def build_capture(
     )
 
 
+def check_tokenizer(config: GatewayConfig) -> None:
+    """That ``render.tokenizer`` loads, as building the capture loads it
+    (``--check``; the default, the bundled Qwen3 one, always does)."""
+    if config.render.tokenizer is None:
+        return
+    try:
+        load_tokenizer(config.render.tokenizer)
+    except TokenizerLoadError as exc:
+        raise ConfigError(f"render.tokenizer: {exc}") from None
+
+
 def _template(config: GatewayConfig) -> ChatTemplate:
     render = config.render
     try:

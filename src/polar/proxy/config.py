@@ -10,7 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from polar.configfile import load_config
 from polar.ir import CaptureMode, LogprobSource, Sampling
@@ -323,6 +330,27 @@ class GatewayConfig(_Section):
         "once the gateway has started (start-up's objects are frozen first); 0 keeps "
         "Python's default (700).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _capture_by_engine(cls, data: Any) -> Any:
+        """The embedded engine takes token ids: its capture is token-in/token-out
+        unless the config says otherwise (the file as the flags)."""
+        if isinstance(data, dict) and "capture" not in data:
+            engine = data.get("engine")
+            kind = engine.get("kind") if isinstance(engine, dict) else getattr(engine, "kind", None)
+            if kind == "embedded":
+                return {**data, "capture": CaptureMode.TOKEN_IN_TOKEN_OUT}
+        return data
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_takes_the_capture(cls, value: EngineConfig, info: ValidationInfo) -> EngineConfig:
+        if value.kind == "embedded" and info.data.get("capture") is CaptureMode.ENGINE_RENDERED:
+            raise ValueError(
+                "the embedded engine takes token ids: use capture: token_in_token_out (its default)"
+            )
+        return value
 
 
 def load_gateway_config(path: Path | None, overrides: dict[str, Any]) -> GatewayConfig:

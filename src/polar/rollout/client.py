@@ -11,7 +11,13 @@ from typing import Any
 
 import httpx
 
-from polar.rollout.protocol import EventKind, TaskResult, TaskSubmission, TaskView
+from polar.rollout.protocol import (
+    EventKind,
+    GatewayAccess,
+    TaskResult,
+    TaskSubmission,
+    TaskView,
+)
 
 
 class RolloutError(Exception):
@@ -82,6 +88,11 @@ class RolloutClient:
     def nodes(self) -> list[dict[str, Any]]:
         nodes: list[dict[str, Any]] = self._call("GET", "/nodes").json()
         return nodes
+
+    def gateways(self) -> list[GatewayAccess]:
+        """The nodes' gateways and their admin tokens (what weight sync needs)."""
+        reply = self._call("GET", "/gateways")
+        return [GatewayAccess.model_validate(g) for g in reply.json()]
 
     def events(self, task_id: str | None = None) -> Iterator[tuple[EventKind, dict[str, Any]]]:
         """Server-sent events as ``(kind, data)``; a task's stream ends when it finishes.

@@ -84,6 +84,8 @@ class NodeConfig(_Section):
     node_id: str = Field(default="node-1", pattern=ID_PATTERN)
     public_url: str | None = None
     """How the rollout server reaches this node's API (default: where it listens)."""
+    public_gateway_url: str | None = None
+    """How trainers reach this node's gateway to push weights (default: where it listens)."""
     server_url: str | None = None
     """Rollout server to join (register, heartbeat, report results); None: standalone."""
     control_token: ControlToken = Field(repr=False)

@@ -66,6 +66,8 @@ class NodeService:
     def bind(self, host: str, port: int) -> None:
         """Where the gateway listens (before it starts): the sandbox relay connects there."""
         self.address[:] = [GatewayAddress(_reachable(host), port)]
+        if self.config.public_gateway_url is None:
+            self.node.gateway_url = f"http://{_reachable(host)}:{port}"
 
     def bind_control(self, host: str, port: int) -> None:
         """Where the node's API listens: the URL the node registers with."""

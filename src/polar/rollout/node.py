@@ -34,6 +34,7 @@ from polar.rollout.lifecycle import (
 )
 from polar.rollout.policy import check_dispatch
 from polar.rollout.protocol import (
+    GatewayAccess,
     HeartbeatReply,
     NodeHeartbeat,
     NodeRegistration,
@@ -169,6 +170,10 @@ class Node:
         self._stopping = False
         self._engine_problem: str | None = None
         self.url = config.url
+        self.gateway_url = config.public_gateway_url or (
+            f"http://{config.gateway.host}:{config.gateway.port}"
+        )
+        """Where trainers reach the gateway (told the rollout server when registering)."""
 
     @property
     def stopping(self) -> bool:
@@ -367,6 +372,11 @@ class Node:
             url=self.url,
             capacity=config.capacity,
             heartbeat_interval_s=config.heartbeat_interval_s,
+            gateway=GatewayAccess(
+                node_id=config.node_id,
+                url=self.gateway_url,
+                admin_token=config.gateway.admin_token,
+            ),
         )
         reply = await self._http.post(
             f"{config.server_url}/nodes/register", content=body.model_dump_json()

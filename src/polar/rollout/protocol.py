@@ -71,7 +71,9 @@ TERMINAL = frozenset(
 class TaskStatus(StrEnum):
     RUNNING = "running"
     COMPLETED = "completed"
-    """Every session ended (some may have failed: see the results)."""
+    """Every session ended and at least one completed (some may have failed: see the results)."""
+    FAILED = "failed"
+    """Every session ended and none completed: nothing of the task is usable."""
     CANCELLED = "cancelled"
 
 
@@ -347,11 +349,23 @@ class NodeCapacity(_Model):
         return self.run + self.ahead
 
 
+class GatewayAccess(_Model):
+    """What a trainer needs of a node's gateway to push weights: where it listens and
+    its admin token (the rollout server hands it out under the control token,
+    ``GET /gateways``, and never stores it)."""
+
+    node_id: str
+    url: str
+    admin_token: str = Field(min_length=16, repr=False)
+
+
 class NodeRegistration(_Model):
     node_id: str = Field(pattern=ID_PATTERN)
     url: str
     capacity: NodeCapacity = Field(default_factory=NodeCapacity)
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    gateway: GatewayAccess | None = Field(default=None, repr=False)
+    """The node's gateway, for trainers (``GET /gateways``); not stored."""
 
 
 class NodeHeartbeat(_Model):

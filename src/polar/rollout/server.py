@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from polar.harness import InvalidHarnessOptions, UnknownHarness, check_harness
 from polar.rollout.callbacks import signed_headers
 from polar.rollout.config import ServerConfig
 from polar.rollout.events import EventHub
@@ -45,6 +46,7 @@ from polar.rollout.files import FileStore, unfinished
 from polar.rollout.http import ApiError
 from polar.rollout.protocol import (
     EventKind,
+    GatewayAccess,
     HeartbeatReply,
     NodeHeartbeat,
     NodeRegistration,
@@ -149,7 +151,16 @@ class RolloutServer:
     # ---------------------------------------------------------------- tasks
 
     def submit(self, submission: TaskSubmission) -> tuple[str, str]:
-        """Store a submission; its task id and its read token (shown once)."""
+        """Store a submission; its task id and its read token (shown once). A harness
+        that could not run (unknown, or options it refuses) is refused here, 422,
+        rather than failing every session."""
+        harness = submission.harness
+        try:
+            check_harness(harness.name, harness.options)
+        except UnknownHarness as exc:
+            raise ApiError(422, f"harness.name: {exc}") from None
+        except InvalidHarnessOptions as exc:
+            raise ApiError(422, f"harness.options: {exc}") from None
         task_id = submission.task_id or f"t-{uuid.uuid4().hex[:16]}"
         if self.store.task(task_id) is not None:
             raise ApiError(409, f"task {task_id} already exists", "conflict")
@@ -226,7 +237,12 @@ class RolloutServer:
         sessions = self.store.sessions_of(task_id)
         if any(not session.status.terminal for session in sessions):
             return
-        status = TaskStatus.CANCELLED if task.cancel_requested else TaskStatus.COMPLETED
+        if task.cancel_requested:
+            status = TaskStatus.CANCELLED
+        elif any(session.status is SessionStatus.COMPLETED for session in sessions):
+            status = TaskStatus.COMPLETED
+        else:
+            status = TaskStatus.FAILED
         self.store.update_task(task_id, status=status, finished_at=time.time())
         view = self.store.view(task_id)
         assert view is not None
@@ -452,6 +468,14 @@ class RolloutServer:
             if session.node_id is not None:
                 counts[session.node_id] = counts.get(session.node_id, 0) + 1
         return counts
+
+    def gateways(self) -> list[GatewayAccess]:
+        """Every registered node's gateway that said how a trainer reaches it."""
+        return [
+            node.registration.gateway
+            for node in self.nodes.values()
+            if node.registration.gateway is not None
+        ]
 
     def node_view(self, node: NodeState) -> NodeView:
         return NodeView(

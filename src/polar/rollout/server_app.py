@@ -5,8 +5,10 @@ token); ``GET /tasks[?status=]`` lists them; ``GET /tasks/{id}`` is one view,
 ``GET /tasks/{id}/result[?wait=s]`` its result (202 with the view while it
 runs), ``POST /tasks/{id}/cancel`` cancels it, ``GET /tasks/{id}/events`` and
 ``GET /events`` stream events (SSE). Nodes register, beat and drain under
-``/nodes``; they deliver results to ``POST /callbacks/sessions`` and fetch the
-tasks' packed files from ``GET /files/{sha256}`` (:mod:`polar.rollout.files`).
+``/nodes``; ``GET /gateways`` lists their gateways with their admin tokens
+(what a trainer's weight sync needs). Nodes deliver results to ``POST
+/callbacks/sessions`` and fetch the tasks' packed files from ``GET
+/files/{sha256}`` (:mod:`polar.rollout.files`).
 
 **Credentials.** Every route but ``/health`` wants the control token; the
 routes that read one task (its view, result and events) also take that task's
@@ -155,6 +157,11 @@ def create_server_app(server: RolloutServer) -> Starlette:
         views = [server.node_view(node) for node in server.nodes.values()]
         return JSONResponse([view.model_dump(mode="json") for view in views])
 
+    async def gateways(request: Request) -> Response:
+        """The nodes' gateways and their admin tokens: what a trainer's weight
+        sync needs (``weight_sync.gateways`` left out of its config)."""
+        return JSONResponse([g.model_dump(mode="json") for g in server.gateways()])
+
     async def task_file(request: Request) -> Response:
         path = server.files.path(request.path_params["digest"])
         if path is None:
@@ -190,6 +197,7 @@ def create_server_app(server: RolloutServer) -> Starlette:
             read("/tasks/{task_id}/events", task_events),
             control_route("/events", all_events, "GET"),
             control_route("/nodes", nodes, "GET"),
+            control_route("/gateways", gateways, "GET"),
             control_route("/nodes/register", register, "POST"),
             control_route("/nodes/{node_id}/heartbeat", heartbeat, "POST"),
             control_route("/nodes/{node_id}/drain", drain, "POST"),

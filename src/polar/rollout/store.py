@@ -143,7 +143,14 @@ class RolloutStore:
                 "VALUES (?, ?, ?, ?) ON CONFLICT (node_id) DO UPDATE SET "
                 "registration = excluded.registration, draining = excluded.draining, "
                 "last_seen = excluded.last_seen",
-                (registration.node_id, registration.model_dump_json(), draining, time.time()),
+                (
+                    registration.node_id,
+                    # the gateway's admin token stays in memory: a node that is
+                    # back registers again (and sends it again)
+                    registration.model_dump_json(exclude={"gateway"}),
+                    draining,
+                    time.time(),
+                ),
             )
 
     def set_draining(self, node_id: str, draining: bool) -> None:

@@ -18,7 +18,7 @@ from polar.device import check_device
 from polar.precision import Precision
 from polar.proxy.behaviour import SamplingPolicy
 from polar.rollout.protocol import HarnessSpec
-from polar.train.grpo import Aggregation, Baseline, MissingLogprob
+from polar.train.variants import Aggregation, Baseline, MissingLogprob
 
 
 class _Section(BaseModel):
@@ -110,8 +110,10 @@ class GatewayTarget(_Section):
 
 
 class WeightSyncSettings(_Section):
-    gateways: list[GatewayTarget] = Field(min_length=1)
-    """Every gateway whose calls the engines serve: all are paused around a push."""
+    gateways: list[GatewayTarget] = Field(default_factory=list)
+    """Every gateway whose calls the engines serve: all are paused around a push.
+    Left out: the gateways of the rollout server's nodes, as it lists them under
+    ``rollout.control_token`` (``GET /gateways``: their URLs and admin tokens), at start."""
     engines: list[EngineTarget] = Field(min_length=1)
     drain_timeout_s: float = Field(default=300.0, gt=0)
     """How long a push waits for in-flight calls to finish on the old weights."""
@@ -262,6 +264,11 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
+        if not self.weight_sync.gateways and self.rollout.control_token is None:
+            raise ValueError(
+                "weight_sync.gateways: list them, or give rollout.control_token so the "
+                "rollout server tells the trainer its nodes' gateways"
+            )
         if self.lora is not None and any(
             e.kind is EngineKind.SGLANG for e in self.weight_sync.engines
         ):

@@ -65,31 +65,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 
-
-class Baseline(StrEnum):
-    MEAN = "mean"
-    """The group's mean reward."""
-    LEAVE_ONE_OUT = "leave_one_out"
-    """The mean reward of the group's other sessions (RLOO)."""
-
-
-class Aggregation(StrEnum):
-    TOKEN_MEAN = "token_mean"
-    """Every loss token of the batch weighs the same (default)."""
-    SESSION_MEAN = "session_mean"
-    """Mean over each session's loss tokens, then mean over sessions."""
-
-
-class MissingLogprob(StrEnum):
-    TRUST = "trust"
-    """Train the token with importance weight 1 (default)."""
-    DROP = "drop"
-    """Leave the token out of the loss and of its normalisation."""
-
+# re-exported: the enums are defined apart, free of torch, for the config
+from polar.train.variants import Aggregation as Aggregation
+from polar.train.variants import Baseline as Baseline
+from polar.train.variants import MissingLogprob as MissingLogprob
 
 # ---------------------------------------------------------------- advantages
 

@@ -79,7 +79,7 @@ from polar.train.weights import (
     save_weights,
     weights_path,
 )
-from polar.train.weightsync import DrainTimeout, PushReport, WeightSync
+from polar.train.weightsync import DrainTimeout, PushReport, WeightSync, rollout_gateways
 
 
 class TrainError(Exception):
@@ -151,8 +151,12 @@ def train(config: TrainConfig, hooks: Hooks = Hooks()) -> TrainResult:
     adapters = _adapters(config, resume_from)
     base = config.model if adapters or resume_from is None else resume_from / "model"
     # Weight sync: every gateway answers, every engine can load weights (or we stop here).
+    weight_sync = config.weight_sync
+    if not weight_sync.gateways:  # the rollout server's nodes' gateways
+        found = rollout_gateways(config.rollout.server_url, config.rollout.control_token)
+        weight_sync = weight_sync.model_copy(update={"gateways": found})
     sync = WeightSync.from_settings(
-        config.weight_sync, adapter_name=config.lora.served_name if config.lora else None
+        weight_sync, adapter_name=config.lora.served_name if config.lora else None
     )
     try:
         versions = sync.check()

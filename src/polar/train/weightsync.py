@@ -55,6 +55,35 @@ class Drain:
     waited_s: float
 
 
+def rollout_gateways(
+    server_url: str, token: str | None, *, wait_s: float = 30.0, poll_s: float = 0.5
+) -> list[GatewayTarget]:
+    """The gateways of the rollout server's nodes, with their admin tokens (``GET
+    /gateways``, under the control token): a config that names none pushes to
+    these. Waits up to ``wait_s`` for a first node (one just started registers
+    within seconds); nodes that join later are not paused by this run."""
+    from polar.rollout.client import RolloutClient, RolloutError
+
+    deadline = time.monotonic() + wait_s
+    with RolloutClient(server_url, token=token) as client:
+        while True:
+            try:
+                found = client.gateways()
+            except RolloutError as exc:
+                raise WeightSyncError(
+                    f"weight_sync.gateways: none given, and the rollout server did not "
+                    f"list its nodes' gateways: {exc}"
+                ) from None
+            if found:
+                return [GatewayTarget(url=g.url, admin_token=g.admin_token) for g in found]
+            if time.monotonic() > deadline:
+                raise WeightSyncError(
+                    f"weight_sync.gateways: none given, and no node of the rollout server at "
+                    f"{server_url} registered a gateway in {wait_s:g} s"
+                )
+            time.sleep(poll_s)
+
+
 class GatewayAdmin:
     """A gateway's admin API, as far as weight sync needs it."""
 

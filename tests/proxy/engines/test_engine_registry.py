@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from polar.configfile import ConfigError
+from polar.configfile import ConfigError, load_config
 from polar.ir import CaptureMode
 from polar.proxy.capture import build_capture
 from polar.proxy.config import GatewayConfig
@@ -82,11 +82,6 @@ def test_a_plugin_engine_gets_the_whole_gateway_config() -> None:
             "or 'package.module:factory'",
         ),
         (
-            "embedded",
-            CaptureMode.ENGINE_RENDERED,
-            "engine.kind: the embedded engine takes token ids; use capture: token_in_token_out",
-        ),
-        (
             "no_such_package_xyz.engines:Engine",
             CaptureMode.ENGINE_RENDERED,
             "engine.kind: engine no_such_package_xyz.engines:Engine: cannot import "
@@ -106,3 +101,18 @@ def test_an_engine_kind_that_leads_nowhere_is_one_config_line(
         build_capture(config(kind, capture))
 
     assert str(caught.value) == message
+
+
+def test_the_embedded_engine_captures_token_in_token_out_unless_told_otherwise() -> None:
+    raw = {
+        "admin_token": "0123456789abcdef0123",
+        "engine": {"kind": "embedded", "base_url": ENGINE_URL, "model": "m"},
+    }
+
+    assert load_config(GatewayConfig, None, raw).capture is CaptureMode.TOKEN_IN_TOKEN_OUT
+    with pytest.raises(ConfigError) as caught:
+        load_config(GatewayConfig, None, {**raw, "capture": "engine_rendered"})
+    assert str(caught.value) == (
+        "engine: Value error, the embedded engine takes token ids: use capture: "
+        "token_in_token_out (its default)"
+    )

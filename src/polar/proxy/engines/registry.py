@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from polar.configfile import ConfigError
+from polar.ir import CaptureMode
 from polar.plugins import load_factory
 from polar.proxy.config import EngineConfig, GatewayConfig
 from polar.proxy.engines.base import ChatEngine, TokenEngine
@@ -72,6 +73,13 @@ def engine_factory(kind: str, builtins: Mapping[str, object]) -> Callable[[Gatew
         known=builtins,
         error=lambda message: ConfigError(f"engine.kind: {message}"),
     )
+
+
+def check_engine(config: GatewayConfig) -> None:
+    """What building the gateway's engine checks first, without building it: that
+    ``engine.kind`` leads to a factory for the capture mode (``--check``)."""
+    token_in = config.capture is CaptureMode.TOKEN_IN_TOKEN_OUT
+    engine_factory(config.engine.kind, TOKEN_ENGINES if token_in else CHAT_ENGINES)
 
 
 def context_window(config: EngineConfig) -> ContextWindow:
