@@ -9,9 +9,8 @@ import typer
 from pydantic import ValidationError
 
 from polar.cli.errors import fail
-from polar.cli.listen import serve_app
+from polar.cli.listen import Listen, check_ports, serve_app
 from polar.cli.options import DEFAULT_SERVER, TOKEN_ENV
-from polar.cli.ports import Listen, check_ports
 from polar.configfile import describe_error
 
 

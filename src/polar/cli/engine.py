@@ -10,9 +10,8 @@ import typer
 
 from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.cli.errors import configure_logging, fail
-from polar.cli.listen import serve_app
+from polar.cli.listen import Listen, check_ports, serve_app
 from polar.cli.model import DEFAULT_MODEL_DIR
-from polar.cli.ports import Listen, check_ports
 
 app = typer.Typer(help="Run an inference server.", no_args_is_help=True, rich_markup_mode=None)
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from polar.cli.errors import configure_logging, fail
-from polar.cli.ports import Listen, check_ports
+from polar.cli.listen import Listen, check_ports
 from polar.configfile import ConfigError
 from polar.ir import CaptureMode
 from polar.proxy.config import GatewayConfig, load_gateway_config

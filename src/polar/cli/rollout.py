@@ -20,6 +20,7 @@ import typer
 from pydantic import BaseModel, ConfigDict
 
 from polar.cli.errors import configure_logging, fail
+from polar.cli.listen import Listen, check_ports
 from polar.cli.options import (
     DEFAULT_SERVER,
     TOKEN_ENV,
@@ -37,7 +38,6 @@ from polar.cli.options import (
     TaskIds,
     TaskSource,
 )
-from polar.cli.ports import Listen, check_ports
 from polar.configfile import ConfigError, load_config, merge, read_yaml
 from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.raynodes import RayConfig
