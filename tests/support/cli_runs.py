@@ -16,6 +16,14 @@ shows one of those draws in its records; any other failure stands, and so
 does a second such draw. What a malformed call delivers, per dialect, is
 tested exactly in ``tests/proxy/render/test_delivery.py``; here such a turn is
 only required to be recorded as malformed.
+
+The gateway enforces one sampling policy on every call, as a training run's node
+gateway does (``rollout.sampling``): the tiny model's own defaults (Qwen3's,
+what it was taught at). The Gemini CLI asks for temperature 1, at which the
+memoriser, on prompts whose paths differ from the rehearsed ones, kept a second
+token in the nucleus (on CI both Gemini runs left the script on their first
+call); the policy is what makes those draws the taught ones, and every call's
+record shows the edit.
 """
 
 from __future__ import annotations
@@ -38,10 +46,14 @@ from polar.proxy.gateway import Gateway
 from polar.proxy.store import SqliteStore
 from polar.testing.serverthread import ServerThread
 from polar.train.rehearsal import INSTRUCTION
+from polar.train.warmup import WarmupSpec
 
 from support.recorder import Exchange, Recorder, received_turn
 
 ADMIN = "0123456789abcdef0123"
+_SPEC = WarmupSpec()
+TAUGHT = {"temperature": _SPEC.temperature, "top_p": _SPEC.top_p, "top_k": _SPEC.top_k}
+"""The tiny model's sampling defaults, enforced on every call."""
 TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 
 
@@ -94,7 +106,12 @@ def run_cli(
     def once(where: Path) -> CliRun:
         db = where / "records.db"
         config = GatewayConfig.model_validate(
-            {**gateway, "admin_token": ADMIN, "store": {"path": str(db)}}
+            {
+                **gateway,
+                "admin_token": ADMIN,
+                "store": {"path": str(db)},
+                "sampling": {"policy": TAUGHT},
+            }
         )
         with ServerThread(create_app(Gateway(config))) as server:
             recorder = Recorder(server.url)
@@ -161,6 +178,8 @@ def check_delivered(run: CliRun, tokenizer: Any) -> None:
     assert len(run.posts) == len(run.records), (len(run.posts), len(run.records))
     for exchange, record in zip(run.posts, run.records, strict=True):
         assert record.status is RecordStatus.COMPLETED, record.error
+        drawn = record.behaviour
+        assert drawn is not None and drawn.sampling.temperature == TAUGHT["temperature"], drawn
         if not record.malformed_tool_calls:  # those: see the module's text
             check_received(exchange, record, tokenizer)
 

@@ -87,17 +87,7 @@ class WarmupSpec:
     apply to a request that sets none). Training stops once each rehearsed output
     token is the only one its call's sampling can pick: its probability at
     ``temperature`` is at least ``top_p`` (or at the temperature and top-p its CLI
-    asks for, see :class:`LongExample`), with a margin (``slack``)."""
-    slack: float = 0.5
-    """The share of the nucleus's complement a learnt token may leave: a rehearsed
-    call is learnt when its least likely output token's probability reaches
-    ``1 - slack * (1 - top_p)`` (0.975 at top-p 0.95), not just ``top_p``, so that
-    a prompt that differs a little from the rehearsed one (another workspace path,
-    another date) still leaves that token alone in the nucleus."""
-
-    def learnt_at(self, top_p: float | None) -> float:
-        """The probability each output token of a call sampled at ``top_p`` must reach."""
-        return 1.0 - self.slack * (1.0 - (top_p or self.top_p))
+    asks for, see :class:`LongExample`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,8 +346,8 @@ def warm_up(
     losses: list[float] = []
     worst = 0.0  # lowest tempered output-token probability of a rehearsed call, last refresh
     # Each call is learnt when its least likely output token, at its sampling's
-    # temperature, is the whole top-p nucleus, with the spec's margin.
-    needed = [spec.learnt_at(e.top_p) for e in long]
+    # temperature, is the whole top-p nucleus.
+    needed = [e.top_p or spec.top_p for e in long]
     kvs: list[list[tuple[Any, Any]]] = []
     started = said = time.monotonic()
     for step in range(last):
