@@ -103,6 +103,28 @@ def test_flags_override_the_file_and_check_prints_the_result(tmp_path: Path) -> 
     assert shown["port"] == 9123 and "admin_token" not in shown
 
 
+def test_enforce_flags_set_the_sampling_policy_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        "admin_token: 0123456789abcdef0123\nengine: {base_url: 'http://x:1', model: m}\n"
+    )
+    enforce = ("--enforce-temperature", "0.6", "--enforce-top-p", "0.95", "--enforce-top-k", "20")
+    result = polar("gateway", "-c", str(config), *enforce, "--check")
+    assert result.returncode == 0, result.stderr
+    policy = json.loads(result.stdout)["sampling"]["policy"]
+    assert policy == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
+    # without them, the harness's settings stand
+    assert (
+        json.loads(polar("gateway", "-c", str(config), "--check").stdout)["sampling"]["policy"]
+        is None
+    )
+
+    bad = polar("gateway", "-c", str(config), "--enforce-top-p", "2", "--check")
+    assert bad.returncode == 2
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and "sampling.policy.top_p" in lines[0], bad.stderr
+
+
 def test_engine_pool_flags_add_engines_and_a_bad_one_is_named(tmp_path: Path) -> None:
     base = ("gateway", "--admin-token", "0123456789abcdef0123", "--engine-model", "m")
     result = polar(

@@ -18,12 +18,12 @@ tested exactly in ``tests/proxy/render/test_delivery.py``; here such a turn is
 only required to be recorded as malformed.
 
 The gateway enforces one sampling policy on every call, as a training run's node
-gateway does (``rollout.sampling``): the tiny model's own defaults (Qwen3's,
-what it was taught at). The Gemini CLI asks for temperature 1, at which the
-memoriser, on prompts whose paths differ from the rehearsed ones, kept a second
-token in the nucleus (on CI both Gemini runs left the script on their first
-call); the policy is what makes those draws the taught ones, and every call's
-record shows the edit.
+gateway does (``rollout.sampling``): the tiny model's own defaults (Qwen3's),
+at which it was taught (:func:`polar.train.rehearsal.teach_agents`). The Gemini
+CLI asks for temperature 1, at which the memoriser, on prompts whose paths
+differ from the rehearsed ones, kept a second token in the nucleus (on CI both
+Gemini runs left the script on their first call); every call's record shows
+the sampling it was drawn with.
 """
 
 from __future__ import annotations

@@ -139,6 +139,22 @@ def gateway(
             show_default="normal",
         ),
     ] = None,
+    enforce_temperature: Annotated[
+        float | None,
+        typer.Option(
+            help="Sampling policy enforced on every call (sampling.policy), whatever the "
+            "harness asks: temperature.",
+            show_default="none: the harness's settings stand",
+        ),
+    ] = None,
+    enforce_top_p: Annotated[
+        float | None,
+        typer.Option(help="Enforced top-p (with the policy).", show_default="1"),
+    ] = None,
+    enforce_top_k: Annotated[
+        int | None,
+        typer.Option(help="Enforced top-k, 0 for none (with the policy).", show_default="0"),
+    ] = None,
     max_body_bytes: Annotated[
         int | None, typer.Option(help="Largest accepted request body.", show_default="33554432")
     ] = None,
@@ -189,6 +205,9 @@ def gateway(
         render__reasoning=render_reasoning,
         store__path=str(store) if store else None,
         store__synchronous=store_synchronous,
+        sampling__policy__temperature=enforce_temperature,
+        sampling__policy__top_p=enforce_top_p,
+        sampling__policy__top_k=enforce_top_k,
         limits__max_body_bytes=max_body_bytes,
         limits__pause_wait_s=pause_wait_s,
         dialects__openai_chat__reasoning_field=reasoning_field,

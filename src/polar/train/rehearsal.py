@@ -235,7 +235,7 @@ def teach_agents(
     in ``base`` up into ``out`` on the synthetic dialogues and the rehearsed calls.
     A model already taught from the same base, spec and CLI versions is kept."""
     spec = spec or WarmupSpec()
-    origin = {**versions, "@workspaces": ",".join(WORKSPACES)}
+    origin = {**versions, "@workspaces": ",".join(WORKSPACES), "@taught_at": "model defaults"}
     if is_warmed(out, spec, base, origin):
         return {"kept": str(out)}
     from polar.tokenizer import load_tokenizer
@@ -246,7 +246,6 @@ def teach_agents(
         return str(tokenizer.decode(ids))
 
     calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-    sampled_at: list[tuple[float | None, float | None]] = []
     most = len(versions) * len(WORKSPACES)  # a CLI's later workspaces may be skipped
     done = 0
     started = time.monotonic()
@@ -256,10 +255,14 @@ def teach_agents(
             rehearsal = rehearse(name, base, cache_dir=cache_dir, workspace=workspace)
             done += 1
             calls += [(c.prompt_ids, c.output_ids) for c in rehearsal.calls]
-            sampled_at += [(c.temperature, c.top_p) for c in rehearsal.calls]
             lengths = ", ".join(str(len(c.prompt_ids)) for c in rehearsal.calls)
             pace = progress(time.monotonic() - started, done, most, early_stop=True)
             echo(f"  {len(rehearsal.calls)} calls, prompts of {lengths} tokens ({pace})")
             if not rehearsal.names_workspace_within(spec.tail, decode):
                 break
-    return warm_up(base, out, spec, rehearsed=calls, rehearsed_from=origin, sampled_at=sampled_at)
+    # Every call is taught at the model's own sampling, not at what its CLI asked
+    # (the Gemini CLI: temperature 1): the taught model is driven at its defaults,
+    # enforced by the gateway (sampling.policy), as a training run's gateway does. At
+    # temperature 1 the memoriser needed a third more steps and still kept a second
+    # token in the nucleus on prompts whose paths differ from the rehearsed ones.
+    return warm_up(base, out, spec, rehearsed=calls, rehearsed_from=origin)

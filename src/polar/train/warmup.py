@@ -20,8 +20,8 @@ losses are the ones the stopping rule reads: every rehearsed output token is the
 only one the sampling its call is drawn with can pick: the model's default
 sampling (the taught model ships Qwen3's published defaults, temperature 0.6
 and top-p 0.95, which vLLM and the embedded engine apply to a request that sets
-none, as most CLIs' requests do), or the temperature and top-p the CLI asks for
-(the Gemini CLI: temperature 1, top-p 0.95).
+none, as most CLIs' requests do, and which a gateway's ``sampling.policy``
+enforces on the others), or a temperature and top-p given per call.
 
 Algorithm: next-token cross-entropy, AdamW; synthetic dialogues: constant
 learning rate, whole dialogues as examples (two assistant turns each);
