@@ -262,7 +262,7 @@ def teach_agents(
                 break
     # Every call is taught at the model's own sampling, not at what its CLI asked
     # (the Gemini CLI: temperature 1): the taught model is driven at its defaults,
-    # enforced by the gateway (sampling.policy), as a training run's gateway does. At
-    # temperature 1 the memoriser needed a third more steps and still kept a second
-    # token in the nucleus on prompts whose paths differ from the rehearsed ones.
+    # enforced by the gateway (sampling.policy), as a training run's gateway does: at
+    # temperature 1 the memoriser kept a second token in the nucleus on prompts whose
+    # paths differ from the rehearsed ones.
     return warm_up(base, out, spec, rehearsed=calls, rehearsed_from=origin)
