@@ -84,6 +84,12 @@ def test_version_prints_the_package_version() -> None:
     assert (result.returncode, result.stdout) == (0, f"polar {__version__}\n")
 
 
+def test_version_after_any_command_prints_it_too() -> None:
+    for args in (("build", "--version"), ("harness", "list", "--version"), ("engine", "--version")):
+        result = polar(*args)
+        assert (result.returncode, result.stdout) == (0, f"polar {__version__}\n"), args
+
+
 def test_a_group_alone_prints_its_help() -> None:
     result = polar("harness")
     assert result.returncode == 2

@@ -90,6 +90,10 @@ def main() -> None:
     # kind of failure that does not go through polar.cli.errors.fail.
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
+    args = sys.argv[1:]
+    if "--version" in args[: args.index("--") if "--" in args else None]:
+        print(f"polar {__version__}")  # after any command too: polar build --version
+        sys.exit(0)
     try:
         code = typer.main.get_command(app).main(prog_name="polar", standalone_mode=False)
     except NoArgsIsHelpError as exc:  # `polar` or `polar harness` alone: the help
