@@ -17,6 +17,8 @@ import pytest
 
 from polar.proxy.engines.vllm_process import free_port
 
+from support.rollout import write_serve_config
+
 TOKEN = "cli-control-token-0123456789"
 ADMIN = "admin-token-0123456789"
 
@@ -95,21 +97,8 @@ def test_submit_refuses_a_harness_that_cannot_run_before_sending_anything(
 
 
 def serve_file(tmp_path: Path, port: int) -> Path:
-    path = tmp_path / "serve.yaml"
-    path.write_text(
-        f"""
-server: {{port: {port}, db: {tmp_path / "rollout.db"}}}
-node:
-  control_port: {free_port()}
-  sessions_dir: {tmp_path / "sessions"}
-  files_dir: {tmp_path / "files"}
-  gateway:
-    port: {free_port()}
-    engine: {{kind: embedded, base_url: "http://127.0.0.1:9", model: m}}
-    store: {{path: {tmp_path / "records.db"}}}
-"""
-    )
-    return path
+    engine = '{kind: embedded, base_url: "http://127.0.0.1:9", model: m}'
+    return write_serve_config(tmp_path, port=port, engine=engine)
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ import pytest
 
 from polar.proxy.engines.vllm_process import free_port
 
-from support.paths import REPO
+from support.rollout import write_serve_config
 
 NODE_ID = f"node-ops-{os.getpid()}"
 """Node ids are leased machine-wide, and another test run may hold one."""
@@ -46,24 +46,12 @@ def polar(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def served(tmp_path: Path) -> Iterator[Served]:
     """``polar serve`` with a generated control token, its output in a file."""
     port, engine_port = free_port(), free_port()
-    config = tmp_path / "serve.yaml"
-    config.write_text(
-        f"""
-server:
-  port: {port}
-  db: {tmp_path / "rollout.db"}
-node:
-  node_id: {NODE_ID}
-  control_port: {free_port()}
-  sessions_dir: {tmp_path / "sessions"}
-  files_dir: {tmp_path / "files"}
-  harness_cache: {REPO / ".cache" / "harness"}
-  heartbeat_interval_s: 0.3
-  gateway:
-    port: {free_port()}
-    engine: {{kind: vllm, base_url: "http://127.0.0.1:{engine_port}", model: none}}
-    store: {{path: {tmp_path / "records.db"}}}
-"""
+    config = write_serve_config(
+        tmp_path,
+        port=port,
+        node_id=NODE_ID,
+        heartbeat_s=0.3,
+        engine=f'{{kind: vllm, base_url: "http://127.0.0.1:{engine_port}", model: none}}',
     )
     log = tmp_path / "serve.log"
     command = [sys.executable, "-m", "polar", "serve", "-c", str(config)]

@@ -18,7 +18,7 @@ import pytest
 
 from polar.proxy.engines.vllm_process import free_port
 
-from support.paths import REPO
+from support.rollout import write_serve_config
 
 TOKEN = "cli-control-token-0123456789"
 
@@ -40,24 +40,13 @@ NODE_ID = f"node-cli-{os.getpid()}"
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[str]:
     port, node_port = free_port(), free_port()
-    config = tmp_path / "serve.yaml"
-    config.write_text(
-        f"""
-server:
-  port: {port}
-  db: {tmp_path / "rollout.db"}
-node:
-  node_id: {NODE_ID}
-  control_port: {free_port()}
-  sessions_dir: {tmp_path / "sessions"}
-  files_dir: {tmp_path / "files"}
-  harness_cache: {REPO / ".cache" / "harness"}
-  heartbeat_interval_s: 0.5
-  gateway:
-    port: {node_port}
-    engine: {{kind: vllm, base_url: "http://127.0.0.1:{free_port()}", model: none}}
-    store: {{path: {tmp_path / "records.db"}}}
-"""
+    config = write_serve_config(
+        tmp_path,
+        port=port,
+        node_id=NODE_ID,
+        gateway_port=node_port,
+        heartbeat_s=0.5,
+        engine=f'{{kind: vllm, base_url: "http://127.0.0.1:{free_port()}", model: none}}',
     )
     command = [sys.executable, "-m", "polar", "serve", "-c", str(config), "--token", TOKEN]
     with (

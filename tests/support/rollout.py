@@ -172,3 +172,41 @@ class RolloutStack:
             thread.stop()
         if self.engine is not None:
             self.engine.stop()
+
+
+def write_serve_config(
+    root: Path,
+    *,
+    port: int,
+    engine: str,
+    node_id: str | None = None,
+    gateway_port: int = 0,
+    heartbeat_s: float | None = None,
+) -> Path:
+    """``root/serve.yaml`` for ``polar serve -c``: a rollout server on ``port`` and one
+    node whose gateway's engine is ``engine`` (a YAML flow mapping), every file under
+    ``root``, the project's harness cache; free ports where none is given."""
+    from polar.proxy.engines.vllm_process import free_port
+
+    optional = "".join(
+        [
+            f"  node_id: {node_id}\n" if node_id else "",
+            f"  heartbeat_interval_s: {heartbeat_s}\n" if heartbeat_s is not None else "",
+        ]
+    )
+    path = root / "serve.yaml"
+    path.write_text(
+        f"""
+server: {{port: {port}, db: {root / "rollout.db"}}}
+node:
+{optional}  control_port: {free_port()}
+  sessions_dir: {root / "sessions"}
+  files_dir: {root / "files"}
+  harness_cache: {HARNESS_CACHE}
+  gateway:
+    port: {gateway_port or free_port()}
+    engine: {engine}
+    store: {{path: {root / "records.db"}}}
+"""
+    )
+    return path
