@@ -49,13 +49,13 @@ def dashboard(
 ) -> None:
     """Serve the dashboard: tasks and groups live, sessions, token views, training curves."""
     from polar.dashboard import DashboardConfig, create_dashboard_app
-    from polar.dashboard.config import LOOPBACK
+    from polar.loopback import is_loopback_host
     from polar.tokenizer import TokenizerLoadError, load_tokenizer
     from polar.trajectory import TrajectoryError, resolve_builder
 
     if token is None and server is not None:
         fail("dashboard", f"--server needs its control token: pass --token or set {TOKEN_ENV}")
-    if token is None and host not in LOOPBACK:
+    if token is None and not is_loopback_host(host):
         fail("dashboard", f"--host {host} needs a control token: pass --token or set {TOKEN_ENV}")
     for path in store or ():
         if not path.is_file():

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from polar.loopback import is_loopback_host
 from polar.rollout.config import ControlToken
 
 
@@ -40,9 +41,6 @@ class DashboardConfig(BaseModel):
     def _token_where_needed(self) -> DashboardConfig:
         if self.control_token is None and self.server_url is not None:
             raise ValueError("a rollout server needs its control token")
-        if self.control_token is None and self.host not in LOOPBACK:
+        if self.control_token is None and not is_loopback_host(self.host):
             raise ValueError(f"listening on {self.host} needs a control token")
         return self
-
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -29,7 +29,6 @@ writes the shared matrix once.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import os
 import re
 import shutil
@@ -37,7 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+
+from polar.loopback import is_loopback
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 SHARED_MEMORY = Path("/dev/shm")
@@ -63,17 +63,6 @@ def weight_format(dtypes: Sequence[str | None], *, explicit_head: bool) -> Weigh
         if only in ("bfloat16", "float16"):
             dtype = only  # type: ignore[assignment]
     return WeightFormat(dtype, explicit_head)
-
-
-def is_loopback(url: str) -> bool:
-    """Whether ``url``'s host is this machine (``localhost`` or a loopback address)."""
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def push_directory(
