@@ -4,10 +4,10 @@
 #   1. the Qwen3-0.6B shape: a GRPO step through polar.train beside plain PyTorch on the
 #      same batches (tokens/s, step time, peak memory, MFU), then the embedded engine
 #      (bfloat16, batched decode with a KV cache) beside Hugging Face generate;
-#   2. the Qwen3-4B shape, float32 master weights and gradient checkpointing: does a full
-#      fine-tune fit one 80 GB GPU, and how fast (plain PyTorch beside it, if it fits);
-#   3. the Qwen3-4B shape with LoRA r=64 (only the adapters train).
-# About 6 minutes on an H100 (each run is cut at 4 minutes); everything goes to stdout,
+#   2. the Qwen3-4B shape with LoRA r=64 (only the adapters train);
+#   3. the Qwen3-4B shape, float32 master weights and gradient checkpointing: does a full
+#      fine-tune fit one 80 GB GPU, and how fast (plain PyTorch beside it, if it fits).
+# About 6 minutes on an H100 (each run is cut at 2.5-3 minutes); everything goes to stdout,
 # one JSON line per measurement. Compare with shared/gpu/README.md.
 #
 # On the GPU machine (Python 3.12 with torch, transformers, peft, numpy, httpx and
@@ -84,9 +84,9 @@ run() {
 }
 
 if [ "$MODE" = gpu ]; then
-  run 240 --shape qwen3-0.6b
-  run 240 --shape qwen3-4b --gradient-checkpointing --no-engine
-  run 240 --shape qwen3-4b --gradient-checkpointing --lora 64 --no-engine --no-baseline
+  run 180 --shape qwen3-0.6b
+  run 150 --shape qwen3-4b --gradient-checkpointing --lora 64 --no-engine --no-baseline
+  run 180 --shape qwen3-4b --gradient-checkpointing --no-engine
 else
   small=(--device cpu --shape tiny --groups 2 --group-size 2 --prompt 64 --response 32
          --micro-batch-tokens 256 --engine-batch 4 --engine-prompt 32 --engine-new 16)

@@ -51,12 +51,26 @@ class Settings:
             min_p=torch.tensor([d.min_p for d in rows], device=device),
         )
 
-    def to(self, device: torch.device) -> Settings:
+    def to(self, device: torch.device, *, non_blocking: bool = False) -> Settings:
         return Settings(
-            self.temperature.to(device),
-            self.top_p.to(device),
-            self.top_k.to(device),
-            self.min_p.to(device),
+            *(
+                t.to(device, non_blocking=non_blocking)
+                for t in (self.temperature, self.top_p, self.top_k, self.min_p)
+            )
+        )
+
+    def repeated(self, counts: torch.Tensor) -> Settings:
+        """Row ``i`` repeated ``counts[i]`` times (per trace settings, per token)."""
+        return Settings(
+            *(
+                t.repeat_interleave(counts)
+                for t in (self.temperature, self.top_p, self.top_k, self.min_p)
+            )
+        )
+
+    def pin_memory(self) -> Settings:
+        return Settings(
+            *(t.pin_memory() for t in (self.temperature, self.top_p, self.top_k, self.min_p))
         )
 
     def __getitem__(self, index: slice) -> Settings:

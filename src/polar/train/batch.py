@@ -291,16 +291,24 @@ class MicroBatch:
     truncates: bool
     """Whether any of them removes tokens (top-p, top-k, min-p), known here on
     the host so that the step need not ask the device."""
+    tempered: bool
+    """Whether any of them has a temperature other than 1 (else the logits are
+    used unscaled), known here on the host for the same reason."""
     tokens: int
     """Real (unpadded) tokens in the forward pass."""
 
     def to(self, device: torch.device) -> MicroBatch:
-        """Every tensor on ``device``, the sampling settings' included."""
+        """Every tensor on ``device``, the sampling settings' included. To a GPU
+        from page-locked memory without waiting: the host goes on queueing work
+        (the copies are ordered before the kernels that read them)."""
+        staged = device.type == "cuda" and self.input_ids.device.type == "cpu"
         moved: dict[str, object] = {}
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
             if isinstance(value, torch.Tensor | Settings):
-                moved[name] = value.to(device)
+                if staged:
+                    value = value.pin_memory()  # a tensor or the sampling settings
+                moved[name] = value.to(device, non_blocking=staged)
         return replace(self, **moved)  # type: ignore[arg-type]
 
 
@@ -341,49 +349,53 @@ def _collate(lines: list[list[Row]], pad_id: int) -> MicroBatch:
     ids = torch.full((len(lines), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(lines), width), dtype=torch.long)
     positions = torch.zeros((len(lines), width), dtype=torch.long)
+    # Per trace, then concatenated: the loss tokens' tensors in trace order.
     rows, cols, targets, rollout, rmask, adv, weight, version = [], [], [], [], [], [], [], []
     sampling: list[Distribution] = []
+    counts: list[int] = []
     for b, line in enumerate(lines):
         offset = 0
         for row in line:
             n = len(row.ids)
-            ids[b, offset : offset + n] = torch.tensor(row.ids, dtype=torch.long)
+            trace = torch.tensor(row.ids, dtype=torch.long)
+            ids[b, offset : offset + n] = trace
             attention[b, offset : offset + n] = 1
             positions[b, offset : offset + n] = torch.arange(n)
-            for j, keep in enumerate(row.loss_mask):
-                if not keep:
-                    continue
-                position = row.start + j
-                if position == 0:
-                    raise ValueError(
-                        "a trained token at position 0 has no context to predict it from"
-                    )
-                rows.append(b)
-                cols.append(offset + position - 1)
-                targets.append(row.ids[position])
-                rollout.append(row.rollout_logprobs[j])
-                rmask.append(row.logprob_mask[j])
-                adv.append(row.advantage)
-                weight.append(row.weight)
-                version.append(row.policy_version)
-                sampling.append(row.sampling)
+            kept = torch.tensor(row.loss_mask, dtype=torch.bool).nonzero().squeeze(1)  # [k]
+            at = row.start + kept  # the trained tokens' positions in the trace
+            if at.numel() and int(at[0]) == 0:
+                raise ValueError("a trained token at position 0 has no context to predict it from")
+            k = int(kept.numel())
+            rows.append(torch.full((k,), b, dtype=torch.long))
+            cols.append(offset + at - 1)
+            targets.append(trace[at])
+            rollout.append(torch.tensor(row.rollout_logprobs, dtype=torch.float64)[kept])
+            rmask.append(torch.tensor(row.logprob_mask, dtype=torch.bool)[kept])
+            adv.append(torch.full((k,), row.advantage, dtype=torch.float32))
+            weight.append(torch.full((k,), row.weight, dtype=torch.float64))
+            version.append(torch.full((k,), row.policy_version, dtype=torch.long))
+            sampling.append(row.sampling)
+            counts.append(k)
             offset += n
     packed = any(len(line) > 1 for line in lines)
     if not packed:  # padding positions go on counting (they are masked out)
         positions = torch.arange(width).expand(len(lines), width).clone()
+    trained = [d for d, k in zip(sampling, counts, strict=True) if k]
+    repeats = torch.tensor(counts, dtype=torch.long)
     return MicroBatch(
         input_ids=ids,
         attention_mask=None if packed else attention,
         position_ids=positions,
-        rows=torch.tensor(rows, dtype=torch.long),
-        cols=torch.tensor(cols, dtype=torch.long),
-        targets=torch.tensor(targets, dtype=torch.long),
-        rollout_logprobs=torch.tensor(rollout, dtype=torch.float64),
-        rollout_mask=torch.tensor(rmask, dtype=torch.bool),
-        advantages=torch.tensor(adv, dtype=torch.float32),
-        weights=torch.tensor(weight, dtype=torch.float64),
-        versions=torch.tensor(version, dtype=torch.long),
-        sampling=Settings.of(sampling),
-        truncates=any(d.truncated for d in sampling),
+        rows=torch.cat(rows),
+        cols=torch.cat(cols),
+        targets=torch.cat(targets),
+        rollout_logprobs=torch.cat(rollout),
+        rollout_mask=torch.cat(rmask),
+        advantages=torch.cat(adv),
+        weights=torch.cat(weight),
+        versions=torch.cat(version),
+        sampling=Settings.of(sampling).repeated(repeats),
+        truncates=any(d.truncated for d in trained),
+        tempered=any(d.temperature != 1.0 for d in trained),
         tokens=sum(len(r.ids) for line in lines for r in line),
     )

@@ -49,10 +49,12 @@ def _chunk_logprobs(
     top_k: torch.Tensor,
     min_p: torch.Tensor,
     truncates: bool,
+    tempered: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits: torch.Tensor = head(hidden).float()  # [n, V]
     settings = Settings(temperature, top_p, top_k, min_p)
-    scaled = logits / temperature.unsqueeze(1)
+    # Known on the host; at temperature 1 the division is one more pass over [n, V].
+    scaled = logits / temperature.unsqueeze(1) if tempered else logits
     outside = torch.zeros_like(targets, dtype=torch.bool)
     if truncates:  # known on the host: asking the tensors would wait for the GPU
         keep = support(scaled, settings)
@@ -86,6 +88,7 @@ def token_logprobs(model: Any, batch: MicroBatch, *, chunk: int = 512) -> TokenL
             s.top_k[part],
             s.min_p[part],
             batch.truncates,
+            batch.tempered,
         )
         if torch.is_grad_enabled():
             value, out = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
@@ -122,6 +125,7 @@ def sequence_logprobs(
         versions=torch.zeros(n, dtype=torch.long),
         sampling=Settings.of([sampling] * n),
         truncates=sampling.truncated,
+        tempered=sampling.temperature != 1.0,
         tokens=len(ids),
     )
     with torch.no_grad():
