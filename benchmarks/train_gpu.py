@@ -98,6 +98,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt", type=int, default=1024)
     parser.add_argument("--response", type=int, default=512)
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
+    parser.add_argument(
+        "--logprob-chunk",
+        type=int,
+        default=512,
+        help="loss tokens projected onto the vocabulary at once (optim.logprob_chunk)",
+    )
     parser.add_argument("--steps", type=int, default=2, help="measured steps (after a warm-up)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tune)")
@@ -229,6 +235,7 @@ def train(args: argparse.Namespace, device: torch.device) -> Any:
         device=device,
         precision=precision,
         micro_batch_tokens=args.micro_batch_tokens,
+        logprob_chunk=args.logprob_chunk,
         gradient_checkpointing=args.gradient_checkpointing,
         lora=lora,
     )
@@ -257,6 +264,7 @@ def train(args: argparse.Namespace, device: torch.device) -> Any:
         traces=len(rows),
         tokens_per_step=tokens,
         micro_batch_tokens=args.micro_batch_tokens,
+        logprob_chunk=args.logprob_chunk,
         estimate_gib=round(need.total / 2**30, 1),
         build_s=round(time.perf_counter() - built, 1),
     )
@@ -264,7 +272,12 @@ def train(args: argparse.Namespace, device: torch.device) -> Any:
     clock = Clock(device)
     fused = device.type == "cuda"
     optimizer = torch.optim.AdamW(trainable(model), lr=1e-6, fused=fused or None)
-    step = StepSettings(micro_batch_tokens=args.micro_batch_tokens, pad_id=0, precision=precision)
+    step = StepSettings(
+        micro_batch_tokens=args.micro_batch_tokens,
+        logprob_chunk=args.logprob_chunk,
+        pad_id=0,
+        precision=precision,
+    )
     times = []
     result: dict[str, float] = {}
 
