@@ -1,7 +1,9 @@
 """The web dashboard (``polar dashboard``): rollouts and training, live, and every
 trajectory token by token.
 
-A Starlette app (:mod:`~polar.dashboard.app`) over three read-only sources
+A Starlette app (:mod:`~polar.dashboard.app`: one
+:class:`~polar.dashboard.service.DashboardService` in ``app.state``, the handlers
+in :mod:`~polar.dashboard.routes`) over three read-only sources
 (:mod:`~polar.dashboard.sources`): the rollout server's API (tasks, groups,
 results, its SSE event stream; the one write is a task's cancel), the gateway
 record stores (a session's calls, from which its trajectory is built again with

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from polar.dashboard.errors import DashboardError
 from polar.ir import CompletionRecord
 from polar.proxy.store import SessionRow, SqliteStore, StoreError
 from polar.rollout.protocol import ID_PATTERN, TaskResult, TaskStatus, TaskView
@@ -30,13 +31,8 @@ MAX_LOG_BYTES = 64 << 20
 """A metrics log or statistics file larger than this is not read."""
 
 
-class SourceError(Exception):
+class SourceError(DashboardError):
     """A source could not answer; ``status`` is what the dashboard answers with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 def valid_id(value: str) -> bool:
