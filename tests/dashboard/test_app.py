@@ -83,6 +83,12 @@ def test_a_server_or_a_public_address_needs_a_token(config: dict[str, Any], mess
         DashboardConfig(**config)
 
 
+def test_the_login_form_refuses_a_query_with_400(anonymous: httpx.Client) -> None:
+    reply = anonymous.get("/login?x=1")
+    assert reply.status_code == 400
+    assert "unknown query parameter" in reply.text
+
+
 def test_the_login_form_sets_a_cookie_that_is_not_the_token(anonymous: httpx.Client) -> None:
     assert anonymous.post("/login", data={"token": "wrong-token-0123456789"}).status_code == 401
     assert anonymous.post("/login", content=b"token=%ff%fe").status_code == 401

@@ -13,13 +13,17 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from polar.dashboard import pages
+from polar.dashboard.errors import BadRequest
 from polar.dashboard.routes.guard import COOKIE, dashboard_of, params
 
 MAX_LOGIN_BYTES = 4096
 
 
 async def login_form(request: Request) -> Response:
-    params(request)
+    try:
+        params(request)
+    except BadRequest as exc:  # the login form takes no query
+        return HTMLResponse(pages.error(exc.status, exc.message), exc.status)
     if not dashboard_of(request).needs_token:
         return RedirectResponse("/", status_code=303)
     return HTMLResponse(pages.login())
