@@ -59,50 +59,55 @@ def create_app(
                 await extension.stop()
             await gateway.stop()
 
-    async def health(request: Request) -> Response:
-        # 503 when calls cannot be recorded: a load balancer stops sending them here.
-        healthy, details = gateway.health()
-        return JSONResponse(details, status_code=200 if healthy else 503)
-
-    async def root(request: Request) -> Response:
-        # Some harnesses probe the base URL (Claude Code sends HEAD /) before calling.
-        return JSONResponse({"status": "ok", "service": "polar gateway"})
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        owner = next((spec for spec in dialects if spec.owns(request.url.path)), None)
-        if owner is not None:
-            error = NotFound(message) if exc.status_code == 404 else InvalidRequest(message)
-            error.status = exc.status_code
-            return JSONResponse(owner.error_json(error), status_code=exc.status_code)
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(
-            {
-                "error": {
-                    "message": message,
-                    "type": kind,
-                    "param": None,
-                    "code": None,
-                }
-            },
-            status_code=exc.status_code,
-        )
-
     app = Starlette(
         routes=[
-            Route("/health", health, methods=["GET"]),
-            Route("/", root, methods=["GET", "HEAD"]),
+            Route("/health", _health, methods=["GET"]),
+            Route("/", _root, methods=["GET", "HEAD"]),
             *admin.routes(),
             *(route for _, served in mounted for route in served.routes),
             *(route for extension in extensions for route in extension.routes),
         ],
         lifespan=lifespan,
-        exception_handlers={HTTPException: http_error},
+        exception_handlers={HTTPException: _http_error},
     )
     app.state.gateway = gateway
+    app.state.dialects = dialects
     return Router(
         _hot_routes(mounted, prefix=False), fallback=app, prefixes=_hot_routes(mounted, prefix=True)
+    )
+
+
+async def _health(request: Request) -> Response:
+    # 503 when calls cannot be recorded: a load balancer stops sending them here.
+    healthy, details = request.app.state.gateway.health()
+    return JSONResponse(details, status_code=200 if healthy else 503)
+
+
+async def _root(request: Request) -> Response:
+    # Some harnesses probe the base URL (Claude Code sends HEAD /) before calling.
+    return JSONResponse({"status": "ok", "service": "polar gateway"})
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    dialects: Sequence[DialectSpec] = request.app.state.dialects
+    owner = next((spec for spec in dialects if spec.owns(request.url.path)), None)
+    if owner is not None:
+        error = NotFound(message) if exc.status_code == 404 else InvalidRequest(message)
+        error.status = exc.status_code
+        return JSONResponse(owner.error_json(error), status_code=exc.status_code)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(
+        {
+            "error": {
+                "message": message,
+                "type": kind,
+                "param": None,
+                "code": None,
+            }
+        },
+        status_code=exc.status_code,
     )
 
 
