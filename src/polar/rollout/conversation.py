@@ -22,17 +22,10 @@ model saw them. A conversation that cannot be written (an image part) gets
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, assert_never
+from typing import Any
 
-from polar.ir import ChatRequest, CompletionRecord, Dialect, Message, Role
-from polar.proxy.dialects.anthropic_messages.protocol import MessagesRequest
-from polar.proxy.dialects.anthropic_messages.translate import request_to_ir as anthropic_to_ir
-from polar.proxy.dialects.gemini.protocol import GenerateContentRequest
-from polar.proxy.dialects.gemini.translate import request_to_ir as gemini_to_ir
-from polar.proxy.dialects.openai_chat.protocol import ChatCompletionRequest
-from polar.proxy.dialects.openai_chat.translate import request_to_ir as chat_to_ir
-from polar.proxy.dialects.openai_responses.protocol import ResponsesRequest
-from polar.proxy.dialects.openai_responses.translate import request_to_ir as responses_to_ir
+from polar.ir import ChatRequest, CompletionRecord, Message, Role
+from polar.proxy.dialects.registry import dialect_named
 from polar.proxy.errors import ProxyError
 from polar.proxy.render.template import template_message, template_tools
 from polar.trajectory import Trace
@@ -40,18 +33,8 @@ from polar.trajectory import Trace
 
 def request_of(record: CompletionRecord) -> ChatRequest:
     """The IR request a record's harness sent (its stored wire body, translated again)."""
-    body = dict(record.original_request)
-    match record.dialect:
-        case Dialect.OPENAI_CHAT:
-            return chat_to_ir(ChatCompletionRequest.model_validate(body))
-        case Dialect.ANTHROPIC_MESSAGES:
-            return anthropic_to_ir(MessagesRequest.model_validate(body))
-        case Dialect.OPENAI_RESPONSES:
-            return responses_to_ir(ResponsesRequest.model_validate(body))
-        case Dialect.GEMINI:
-            return gemini_to_ir(GenerateContentRequest.model_validate(body), stream=record.stream)
-        case _:
-            assert_never(record.dialect)
+    read = dialect_named(record.dialect).read_stored
+    return read(dict(record.original_request), record.stream)
 
 
 def chat_message(message: Message) -> dict[str, Any]:

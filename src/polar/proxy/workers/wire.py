@@ -14,12 +14,7 @@ import asyncio
 from dataclasses import dataclass
 from http import HTTPStatus
 
-import orjson
-
-from polar.proxy.dialects.anthropic_messages.translate import error_json as anthropic_error
-from polar.proxy.dialects.gemini.protocol import PATH_PREFIXES as GEMINI_PREFIXES
-from polar.proxy.dialects.gemini.translate import error_json as gemini_error
-from polar.proxy.dialects.openai_errors import error_json as openai_error
+from polar.proxy.dialects.registry import dialect_at
 from polar.proxy.errors import ProxyError
 from polar.proxy.httpwire import MAX_HEAD_BYTES
 
@@ -263,11 +258,6 @@ def response(
 
 
 def error_reply(path: str, error: ProxyError, *, close: bool = False) -> bytes:
-    """An error from the router itself, in the shape of the dialect the path serves."""
-    if path.startswith("/v1/messages"):
-        body = orjson.dumps(anthropic_error(error))
-    elif path.startswith(GEMINI_PREFIXES):
-        body = orjson.dumps(gemini_error(error))
-    else:
-        body = orjson.dumps(openai_error(error))
-    return response(error.status, body, close=close)
+    """An error from the router itself, in the shape of the dialect the path serves
+    (:func:`~polar.proxy.dialects.registry.dialect_at`)."""
+    return response(error.status, dialect_at(path).error_body(error), close=close)

@@ -49,6 +49,7 @@ from polar.proxy.dialects.anthropic_messages.protocol import (
     ToolDef,
     WireMessage,
 )
+from polar.proxy.dialects.unmodeled import unmodeled_fields
 from polar.proxy.errors import InvalidRequest, ProxyError, UnsupportedContent
 
 BILLING_PREFIX = "x-anthropic-billing-header"
@@ -292,10 +293,7 @@ def request_to_ir(wire: MessagesRequest) -> ChatRequest:
     system, edits, kept = _system(wire.system)
     messages = [m for i, message in enumerate(wire.messages) for m in _messages(message, i)]
     tools = [_tool(t, i) for i, t in enumerate(wire.tools or ())]
-    extra: dict[str, Any] = {
-        k: v for k, v in wire.model_dump(exclude_unset=True).items() if k not in _MODELED
-    }
-    extra.update(wire.model_extra or {})
+    extra = unmodeled_fields(wire, _MODELED)
     if kept:
         extra["_system"] = kept
     if wire.tool_choice is not None:

@@ -16,8 +16,10 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from polar.ir import ChatRequest, Completion, Dialect, TokenLogprob
-from polar.proxy.asgi import ASGIApp, Receive, Scope, Send, headers_of, read_body, send_body
+from polar.ir import ChatRequest, Completion, TokenLogprob
+from polar.proxy.asgi import Receive, Scope, Send, send_body
+from polar.proxy.dialects import handlers
+from polar.proxy.dialects.gemini.dialect import DIALECT
 from polar.proxy.dialects.gemini.protocol import (
     KNOWN_EXTRAS,
     METHODS,
@@ -26,16 +28,12 @@ from polar.proxy.dialects.gemini.protocol import (
     GenerateContentRequest,
 )
 from polar.proxy.dialects.gemini.stream import ChunkEncoder
-from polar.proxy.dialects.gemini.translate import (
-    MODEL_PREFIX,
-    error_json,
-    request_to_ir,
-    response_json,
-)
+from polar.proxy.dialects.gemini.translate import MODEL_PREFIX, request_to_ir, response_json
+from polar.proxy.dialects.spec import Mounted
 from polar.proxy.errors import InvalidRequest, NotFound, ProxyError
 from polar.proxy.gateway import Gateway
-from polar.proxy.inbound import api_key_of, check_counts, json_object, validate
-from polar.proxy.serving import internal, serve
+from polar.proxy.inbound import check_counts, validate
+from polar.proxy.serving import serve
 
 
 def _response_id() -> str:
@@ -43,16 +41,14 @@ def _response_id() -> str:
 
 
 class GeminiCodec:
-    dialect = Dialect.GEMINI
+    dialect = DIALECT.name
     messages_field = "contents"
 
     def __init__(self, *, stream: bool) -> None:
         self._stream = stream
 
     def parse(self, body: dict[str, Any], gateway: Gateway) -> ChatRequest:
-        wire = validate(GenerateContentRequest, body)
-        if wire.model_extra:
-            gateway.note_unknown_fields(self.dialect, set(wire.model_extra) - KNOWN_EXTRAS)
+        wire = handlers.read_wire(GenerateContentRequest, body, gateway, self, KNOWN_EXTRAS)
         declarations = sum(len(t.functionDeclarations or ()) for t in wire.tools or ())
         most = gateway.body_limits.tools
         if declarations > most:
@@ -64,7 +60,7 @@ class GeminiCodec:
         return request_to_ir(wire, stream=self._stream)
 
     def error_body(self, error: ProxyError) -> bytes:
-        return orjson.dumps(error_json(error))
+        return DIALECT.error_body(error)
 
     def reply_body(
         self, request: ChatRequest, completion: Completion, details: list[TokenLogprob] | None
@@ -96,7 +92,7 @@ def split_path(path: str) -> tuple[str, str]:
     return model, method
 
 
-def hot_prefixes(gateway: Gateway) -> dict[tuple[str, str], ASGIApp]:
+def mount(gateway: Gateway) -> Mounted:
     unary, streamed = GeminiCodec(stream=False), GeminiCodec(stream=True)
 
     async def method(scope: Scope, receive: Receive, send: Send) -> None:
@@ -113,37 +109,31 @@ def hot_prefixes(gateway: Gateway) -> dict[tuple[str, str], ASGIApp]:
             return
         fields = {"model": MODEL_PREFIX + model}
         if name == "countTokens":
-            await _count_tokens(scope, receive, send, gateway, fields)
+            await handlers.count_tokens(
+                scope,
+                receive,
+                send,
+                unary,
+                gateway,
+                request_of=lambda body: _count_request(body, fields, unary, gateway),
+                reply=lambda count: {"totalTokens": count},
+                key_in_query=True,
+            )
         else:
             codec = streamed if name == "streamGenerateContent" else unary
             await serve(scope, receive, send, codec, gateway, path_fields=fields)
 
-    return {("POST", prefix): method for prefix in PATH_PREFIXES}
+    return Mounted(hot=dict.fromkeys(DIALECT.endpoints, method))
 
 
-async def _count_tokens(
-    scope: Scope, receive: Receive, send: Send, gateway: Gateway, fields: dict[str, str]
-) -> None:
-    codec = GeminiCodec(stream=False)
-    headers = headers_of(scope)
-    try:
-        gateway.authenticate(api_key_of(scope["headers"], scope.get("query_string", b"")))
-        raw = await read_body(
-            receive, gateway.config.limits.max_body_bytes, headers.get("content-length")
-        )
-        body = json_object(raw, gateway.body_limits)
-        body.update(fields)
-        wire = validate(CountTokensRequest, body)
-        if (wire.contents is None) == (wire.generateContentRequest is None):
-            raise InvalidRequest("countTokens takes 'contents' or 'generateContentRequest'")
-        given = wire.generateContentRequest
-        inner = {**(given if given is not None else {"contents": body["contents"]}), **fields}
-        check_counts(inner, gateway.body_limits, messages_field=codec.messages_field)
-        count = await gateway.capture.count_tokens(codec.parse(inner, gateway))
-    except ProxyError as error:
-        await send_body(send, error.status, codec.error_body(error))
-        return
-    except Exception as error:
-        await send_body(send, 500, codec.error_body(internal(codec, error)))
-        return
-    await send_body(send, 200, orjson.dumps({"totalTokens": count}))
+def _count_request(
+    body: dict[str, Any], fields: dict[str, str], codec: GeminiCodec, gateway: Gateway
+) -> ChatRequest:
+    body.update(fields)
+    wire = validate(CountTokensRequest, body)
+    if (wire.contents is None) == (wire.generateContentRequest is None):
+        raise InvalidRequest("countTokens takes 'contents' or 'generateContentRequest'")
+    given = wire.generateContentRequest
+    inner = {**(given if given is not None else {"contents": body["contents"]}), **fields}
+    check_counts(inner, gateway.body_limits, messages_field=codec.messages_field)
+    return codec.parse(inner, gateway)

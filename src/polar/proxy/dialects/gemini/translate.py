@@ -57,6 +57,7 @@ from polar.proxy.dialects.gemini.protocol import (
     Tool,
     ToolConfig,
 )
+from polar.proxy.dialects.unmodeled import unmodeled_fields
 from polar.proxy.errors import InvalidRequest, ProxyError, UnsupportedContent
 
 MODEL_PREFIX = "models/"
@@ -397,10 +398,7 @@ def request_to_ir(wire: GenerateContentRequest, *, stream: bool) -> ChatRequest:
             param="generationConfig.candidateCount",
         )
     generation = config.model_dump(exclude_unset=True)
-    extra: dict[str, Any] = {
-        k: v for k, v in wire.model_dump(exclude_unset=True).items() if k not in _MODELED
-    }
-    extra.update(wire.model_extra or {})
+    extra = unmodeled_fields(wire, _MODELED)
     if skeleton:
         extra["_tools"] = skeleton
     if wire.toolConfig is not None:

@@ -9,35 +9,35 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import Route
 
-from polar.ir import ChatRequest, Completion, Dialect, TokenLogprob
-from polar.proxy.asgi import ASGIApp, Receive, Scope, Send
+from polar.ir import ChatRequest, Completion, TokenLogprob
+from polar.proxy.asgi import Receive, Scope, Send
+from polar.proxy.dialects import handlers
+from polar.proxy.dialects.openai_chat.dialect import CHAT_COMPLETIONS, DIALECT
 from polar.proxy.dialects.openai_chat.protocol import IGNORED_FIELDS, ChatCompletionRequest
 from polar.proxy.dialects.openai_chat.stream import ChunkEncoder
 from polar.proxy.dialects.openai_chat.translate import completion_json, logprobs_json, request_to_ir
-from polar.proxy.dialects.openai_errors import error_json
+from polar.proxy.dialects.spec import Mounted
 from polar.proxy.errors import ProxyError
 from polar.proxy.gateway import Gateway
-from polar.proxy.inbound import api_key_of, validate
+from polar.proxy.inbound import api_key_of
 from polar.proxy.serving import serve
 
 
 class OpenAIChatCodec:
-    dialect = Dialect.OPENAI_CHAT
+    dialect = DIALECT.name
     messages_field = "messages"
 
     def __init__(self, reasoning_field: str) -> None:
         self._reasoning_field = None if reasoning_field == "none" else reasoning_field
 
     def parse(self, body: dict[str, Any], gateway: Gateway) -> ChatRequest:
-        wire = validate(ChatCompletionRequest, body)
-        if wire.model_extra:
-            gateway.note_unknown_fields(self.dialect, set(wire.model_extra) - IGNORED_FIELDS)
+        wire = handlers.read_wire(ChatCompletionRequest, body, gateway, self, IGNORED_FIELDS)
         return request_to_ir(wire)
 
     def error_body(self, error: ProxyError) -> bytes:
-        return orjson.dumps(error_json(error))
+        return DIALECT.error_body(error)
 
     def reply_body(
         self, request: ChatRequest, completion: Completion, details: list[TokenLogprob] | None
@@ -72,24 +72,18 @@ def _response_id() -> str:
     return f"chatcmpl-{secrets.token_hex(12)}"
 
 
-def hot_routes(gateway: Gateway) -> dict[tuple[str, str], ASGIApp]:
+def mount(gateway: Gateway) -> Mounted:
     codec = OpenAIChatCodec(gateway.config.dialects.openai_chat.reasoning_field)
 
     async def chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
         await serve(scope, receive, send, codec, gateway)
 
-    return {("POST", "/v1/chat/completions"): chat_completions}
-
-
-def routes(gateway: Gateway) -> list[BaseRoute]:
     async def models(request: Request) -> Response:
         try:
             gateway.authenticate(api_key_of(request.headers.raw))
         except ProxyError as error:
             return Response(
-                orjson.dumps(error_json(error)),
-                status_code=error.status,
-                media_type="application/json",
+                DIALECT.error_body(error), status_code=error.status, media_type="application/json"
             )
         body = {
             "object": "list",
@@ -99,4 +93,7 @@ def routes(gateway: Gateway) -> list[BaseRoute]:
         }
         return Response(orjson.dumps(body), media_type="application/json")
 
-    return [Route("/v1/models", models, methods=["GET"])]
+    return Mounted(
+        hot={CHAT_COMPLETIONS: chat_completions},
+        routes=[Route("/v1/models", models, methods=["GET"])],
+    )

@@ -7,9 +7,10 @@ from typing import Any
 
 import orjson
 
-from polar.ir import ChatRequest, Completion, Dialect, TokenLogprob
-from polar.proxy.asgi import ASGIApp, Receive, Scope, Send
-from polar.proxy.dialects.openai_errors import error_json
+from polar.ir import ChatRequest, Completion, TokenLogprob
+from polar.proxy.asgi import Receive, Scope, Send
+from polar.proxy.dialects import handlers
+from polar.proxy.dialects.openai_responses.dialect import DIALECT, RESPONSES
 from polar.proxy.dialects.openai_responses.protocol import KNOWN_EXTRAS, ResponsesRequest
 from polar.proxy.dialects.openai_responses.stream import EventEncoder
 from polar.proxy.dialects.openai_responses.translate import (
@@ -19,24 +20,23 @@ from polar.proxy.dialects.openai_responses.translate import (
     request_to_ir,
     response_json,
 )
+from polar.proxy.dialects.spec import Mounted
 from polar.proxy.errors import ProxyError
 from polar.proxy.gateway import Gateway
-from polar.proxy.inbound import validate
 from polar.proxy.serving import serve
 
 
 class ResponsesCodec:
-    dialect = Dialect.OPENAI_RESPONSES
+    dialect = DIALECT.name
     messages_field = "input"
 
     def parse(self, body: dict[str, Any], gateway: Gateway) -> ChatRequest:
-        wire = validate(ResponsesRequest, body)
-        if wire.model_extra:
-            gateway.note_unknown_fields(self.dialect, set(wire.model_extra) - KNOWN_EXTRAS)
-        return request_to_ir(wire)
+        return request_to_ir(
+            handlers.read_wire(ResponsesRequest, body, gateway, self, KNOWN_EXTRAS)
+        )
 
     def error_body(self, error: ProxyError) -> bytes:
-        return orjson.dumps(error_json(error))
+        return DIALECT.error_body(error)
 
     def reply_body(
         self, request: ChatRequest, completion: Completion, details: list[TokenLogprob] | None
@@ -57,10 +57,10 @@ class ResponsesCodec:
         return EventEncoder(request, response_id=new_id("resp"))
 
 
-def hot_routes(gateway: Gateway) -> dict[tuple[str, str], ASGIApp]:
+def mount(gateway: Gateway) -> Mounted:
     codec = ResponsesCodec()
 
     async def responses(scope: Scope, receive: Receive, send: Send) -> None:
         await serve(scope, receive, send, codec, gateway)
 
-    return {("POST", "/v1/responses"): responses}
+    return Mounted(hot={RESPONSES: responses})

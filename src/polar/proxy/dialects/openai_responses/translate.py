@@ -44,6 +44,7 @@ from polar.ir import (
     Usage,
 )
 from polar.proxy.dialects.openai_responses.protocol import ENCRYPTED_REASONING, ResponsesRequest
+from polar.proxy.dialects.unmodeled import unmodeled_fields
 from polar.proxy.errors import InvalidRequest, UnsupportedContent
 
 _MODELED = {
@@ -397,8 +398,7 @@ def request_to_ir(wire: ResponsesRequest) -> ChatRequest:
             ),
         )
     tools = _tools(wire.tools or [])
-    extra = {k: v for k, v in wire.model_dump(exclude_unset=True).items() if k not in _MODELED}
-    extra.update(wire.model_extra or {})
+    extra = unmodeled_fields(wire, _MODELED)
     for key in ("tool_choice", "tools", "stream", "parallel_tool_calls"):
         if key in wire.model_fields_set:
             extra[f"_{key}_given"] = True
