@@ -211,19 +211,6 @@ _TRAILING_NULLS: Json = {"kv_transfer_params": None, "ec_transfer_params": None,
 # ---------------------------------------------------------------- chat completions
 
 
-def chat_logprob(token: str, logprob: float, top: Sequence[tuple[str, float]] = ()) -> Json:
-    """One entry of a chat choice's ``logprobs.content`` (``top``: the alternatives)."""
-    return {
-        "token": token,
-        "logprob": logprob,
-        "bytes": list(token.encode("utf-8")),
-        "top_logprobs": [
-            {"token": alt, "logprob": value, "bytes": list(alt.encode("utf-8"))}
-            for alt, value in top
-        ],
-    }
-
-
 def chat_message(content: str | None, reasoning: str | None, tool_calls: list[Json] | None) -> Json:
     """The assistant message (``tool_calls`` ``None``: no tools were offered, field left out)."""
     message: Json = {
@@ -238,6 +225,19 @@ def chat_message(content: str | None, reasoning: str | None, tool_calls: list[Js
         message["tool_calls"] = tool_calls
     message["reasoning"] = reasoning
     return message
+
+
+def chat_logprob(token: str, logprob: float, top: Sequence[tuple[str, float]] = ()) -> Json:
+    """One entry of a chat choice's ``logprobs.content`` (``top``: the alternatives)."""
+    return {
+        "token": token,
+        "logprob": logprob,
+        "bytes": list(token.encode("utf-8")),
+        "top_logprobs": [
+            {"token": alt, "logprob": value, "bytes": list(alt.encode("utf-8"))}
+            for alt, value in top
+        ],
+    }
 
 
 def chat_completion(

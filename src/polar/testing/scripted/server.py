@@ -289,13 +289,13 @@ class ScriptedEngine:
                 weight_version=self.weight_version,
             )
             return _json(reply)
-        args = (self.tokenizer, gen, prompt, body)
+        answer = vllm_replies.Answer(self.tokenizer, body, prompt, gen, self.model)
         if body.get("stream"):
             events = vllm_replies.chat_events(
-                *args, model=self.model, tools_offered=tools_offered, pacing=self._pacing(turn)
+                answer, tools_offered=tools_offered, pacing=self._pacing(turn)
             )
             return StreamingResponse(events, media_type=_SSE)
-        return _json(vllm_replies.chat_whole(*args, model=self.model, tools_offered=tools_offered))
+        return _json(vllm_replies.chat_whole(answer, tools_offered=tools_offered))
 
     async def _completions(self, request: Request) -> Response:
         try:
@@ -313,10 +313,10 @@ class ScriptedEngine:
             )
         except ScriptMismatch as exc:
             return _mismatch(exc)
-        args = (self.tokenizer, gen, prompt, body)
+        answer = vllm_replies.Answer(self.tokenizer, body, prompt, gen, self.model)
         if not body.get("stream"):
-            return _json(vllm_replies.completion_whole(*args, model=self.model))
-        events = vllm_replies.completion_events(*args, model=self.model, pacing=self._pacing(turn))
+            return _json(vllm_replies.completion_whole(answer))
+        events = vllm_replies.completion_events(answer, self._pacing(turn))
         return StreamingResponse(events, media_type=_SSE)
 
     async def _generate(self, request: Request) -> Response:

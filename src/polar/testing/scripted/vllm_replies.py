@@ -9,6 +9,7 @@ The turn comes as a :class:`~polar.testing.scripted.vllm_wire.Generation`
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from polar.proxy.engines import vllm_protocol as wire
@@ -16,37 +17,41 @@ from polar.testing.scripted import vllm_wire
 from polar.testing.scripted.pacing import Pacing
 from polar.testing.scripted.vllm_wire import SYSTEM_FINGERPRINT, Generation
 
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A request (its JSON ``body`` and rendered ``prompt``) and the turn sampled for it."""
+
+    tokenizer: Any
+    body: dict[str, Any]
+    prompt: list[int]
+    gen: Generation
+    model: str
+
+
 # ---------------------------------------------------------------- completions (token-in)
 
 
-def completion_whole(
-    tokenizer: Any, gen: Generation, prompt: list[int], body: dict[str, Any], *, model: str
-) -> dict[str, Any]:
-    head = wire.head("text_completion", model)
-    top = int(body.get("logprobs") or 0)
+def completion_whole(answer: Answer) -> dict[str, Any]:
+    gen = answer.gen
+    head = wire.head("text_completion", answer.model)
+    top = int(answer.body.get("logprobs") or 0)
     return wire.completion(
         head,
         text=gen.text,
-        logprobs=vllm_wire.completion_logprobs(tokenizer, gen, 0, len(gen.ids), 0, top),
+        logprobs=vllm_wire.completion_logprobs(answer.tokenizer, gen, 0, len(gen.ids), 0, top),
         finish_reason=gen.finish,
-        stop_reason=vllm_wire.stop_reason(gen, list(body.get("stop_token_ids") or ())),
+        stop_reason=vllm_wire.stop_reason(gen, list(answer.body.get("stop_token_ids") or ())),
         token_ids=gen.ids,
-        prompt_token_ids=prompt,
+        prompt_token_ids=answer.prompt,
         full=True,
         fingerprint=SYSTEM_FINGERPRINT,
     )
 
 
-async def completion_events(
-    tokenizer: Any,
-    gen: Generation,
-    prompt: list[int],
-    body: dict[str, Any],
-    *,
-    model: str,
-    pacing: Pacing,
-) -> AsyncIterator[bytes]:
-    head = wire.head("text_completion", model)
+async def completion_events(answer: Answer, pacing: Pacing) -> AsyncIterator[bytes]:
+    gen, body = answer.gen, answer.body
+    head = wire.head("text_completion", answer.model)
     stops = list(body.get("stop_token_ids") or ())
     top = int(body.get("logprobs") or 0)
     last = len(gen.ids) - 1
@@ -56,16 +61,16 @@ async def completion_events(
         chunk = wire.completion_chunk(
             head,
             text=piece,
-            logprobs=vllm_wire.completion_logprobs(tokenizer, gen, i, i + 1, offset, top),
+            logprobs=vllm_wire.completion_logprobs(answer.tokenizer, gen, i, i + 1, offset, top),
             finish_reason=gen.finish if i == last else None,
             stop_reason=vllm_wire.stop_reason(gen, stops) if i == last else None,
-            prompt_token_ids=prompt if i == 0 else None,
+            prompt_token_ids=answer.prompt if i == 0 else None,
             token_ids=[gen.ids[i]],
         )
         offset += len(piece)
         yield wire.event(chunk)
     if (body.get("stream_options") or {}).get("include_usage"):
-        usage = wire.usage(len(prompt), len(gen.ids))
+        usage = wire.usage(len(answer.prompt), len(gen.ids))
         yield wire.event(wire.usage_event(head, usage, full=True, fingerprint=SYSTEM_FINGERPRINT))
     yield wire.DONE_EVENT
 
@@ -73,58 +78,46 @@ async def completion_events(
 # ---------------------------------------------------------------- chat
 
 
-def _details(tokenizer: Any, body: dict[str, Any], gen: Generation, i: int) -> dict[str, Any]:
-    top = int(body.get("top_logprobs") or 0)
-    return vllm_wire.token_detail(tokenizer, gen.ids[i], gen.logprobs[i], top)
+def _details(answer: Answer, i: int) -> dict[str, Any]:
+    top = int(answer.body.get("top_logprobs") or 0)
+    return vllm_wire.token_detail(answer.tokenizer, answer.gen.ids[i], answer.gen.logprobs[i], top)
 
 
-def chat_whole(
-    tokenizer: Any,
-    gen: Generation,
-    prompt: list[int],
-    body: dict[str, Any],
-    *,
-    model: str,
-    tools_offered: bool,
-) -> dict[str, Any]:
+def chat_whole(answer: Answer, *, tools_offered: bool) -> dict[str, Any]:
+    gen, body = answer.gen, answer.body
     parsed = vllm_wire.parse_whole(gen, tools_offered=tools_offered)
     message = wire.chat_message(
         parsed.content, parsed.reasoning, parsed.tool_calls if tools_offered else None
     )
     want_ids = bool(body.get("return_token_ids"))
-    details = [_details(tokenizer, body, gen, i) for i in range(len(gen.ids))]
+    details = [_details(answer, i) for i in range(len(gen.ids))]
     usage = wire.usage(
-        len(prompt),
+        len(answer.prompt),
         len(gen.ids),
         prompt_tokens_details=None,
         completion_tokens_details={"reasoning_tokens": parsed.reasoning_tokens},
     )
     return wire.chat_completion(
-        wire.head("chat.completion", model),
+        wire.head("chat.completion", answer.model),
         message=message,
         logprobs=details if body.get("logprobs") else None,
         finish_reason="tool_calls" if parsed.tool_calls and gen.finish == "stop" else gen.finish,
         token_ids=gen.ids if want_ids else None,
-        prompt_token_ids=prompt if want_ids else None,
+        prompt_token_ids=answer.prompt if want_ids else None,
         usage=usage,
         fingerprint=SYSTEM_FINGERPRINT,
     )
 
 
 async def chat_events(
-    tokenizer: Any,
-    gen: Generation,
-    prompt: list[int],
-    body: dict[str, Any],
-    *,
-    model: str,
-    tools_offered: bool,
-    pacing: Pacing,
+    answer: Answer, *, tools_offered: bool, pacing: Pacing
 ) -> AsyncIterator[bytes]:
-    head = wire.head("chat.completion.chunk", model)
+    gen, body = answer.gen, answer.body
+    head = wire.head("chat.completion.chunk", answer.model)
     want_ids = bool(body.get("return_token_ids"))
     await pacing.pause()
-    yield wire.event(wire.chat_first_chunk(head, prompt_token_ids=prompt if want_ids else None))
+    first = wire.chat_first_chunk(head, prompt_token_ids=answer.prompt if want_ids else None)
+    yield wire.event(first)
     parser = vllm_wire.StreamParser(tools_offered=tools_offered)
     last = len(gen.ids) - 1
     async for i in pacing.tokens(len(gen.token_texts)):
@@ -135,14 +128,14 @@ async def chat_events(
         chunk = wire.chat_chunk(
             head,
             delta=delta,
-            logprobs=[_details(tokenizer, body, gen, i)] if body.get("logprobs") else None,
+            logprobs=[_details(answer, i)] if body.get("logprobs") else None,
             finish_reason=finish,
             token_ids=[gen.ids[i]] if want_ids else None,
         )
         yield wire.event(chunk)
     if (body.get("stream_options") or {}).get("include_usage"):
         usage = wire.usage(
-            len(prompt),
+            len(answer.prompt),
             len(gen.ids),
             completion_tokens_details={"reasoning_tokens": parser.reasoning_tokens},
         )
