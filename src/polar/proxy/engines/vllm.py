@@ -46,10 +46,8 @@ from polar.proxy.engines.replies import (
     text,
     token_ids,
 )
+from polar.proxy.engines.vllm_protocol import DONE, TOKENIZE_PATH
 from polar.proxy.errors import EngineProtocolError
-
-TOKENIZE_PATH = "/tokenize"
-"""vLLM's route that renders and counts a chat request's prompt."""
 
 
 class VllmChatEngine(CompatChatEngine):
@@ -182,7 +180,7 @@ class StreamReader:
         self._steps = Steps(details)
 
     def feed(self, data: bytes) -> list[EngineEvent]:
-        if data == b"[DONE]":
+        if data == DONE:
             self._done = True
             return []
         chunk = obj(json_reply(data, "a chunk"), "a chunk")

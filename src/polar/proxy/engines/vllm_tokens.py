@@ -34,9 +34,8 @@ from polar.proxy.engines.replies import (
 )
 from polar.proxy.engines.sampling import sampling_params
 from polar.proxy.engines.transport import Transport
+from polar.proxy.engines.vllm_protocol import COMPLETIONS_PATH, DONE
 from polar.proxy.errors import EngineProtocolError
-
-COMPLETIONS_PATH = "/v1/completions"
 
 
 def completion_body(request: TokenRequest, *, model: str) -> dict[str, Any]:
@@ -155,7 +154,7 @@ class VllmTokenEngine(HttpEngine):
 
         def read(data: bytes) -> list[EngineEvent]:
             nonlocal done, raw_usage, produced, reason, matched
-            if done or data == b"[DONE]":
+            if done or data == DONE:
                 done = True
                 return []
             chunk = obj(json_reply(data, "a chunk"), "a chunk")

@@ -29,10 +29,14 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from polar.testing.scripted import vllm_wire
+from polar.testing.scripted.pacing import Pacing
 
 STREAM_FLAG_ERRORS = {
     "return_prompt_token_ids": "return_prompt_token_ids is not supported with streaming. "
@@ -108,6 +112,57 @@ def _entry(tokenizer: Any, token_id: int, logprob: float, top: int) -> dict[str,
     }
 
 
+def _chat_logprobs(tokenizer: Any, gen: vllm_wire.Generation, top: int) -> dict[str, Any]:
+    entries = [_entry(tokenizer, t, lp, top) for t, lp in zip(gen.ids, gen.logprobs, strict=True)]
+    return {"content": entries}
+
+
+def _finish(gen: vllm_wire.Generation, has_calls: bool) -> dict[str, Any]:
+    """A chat reply's ``meta_info.finish_reason`` (``matched``: the EOS id on a stop)."""
+    if has_calls:
+        return {"type": "tool_calls", "matched": None}
+    if gen.finish == "stop":
+        return {"type": "stop", "matched": gen.eos_id}
+    return {"type": "length", "length": len(gen.ids)}
+
+
+def _chat_meta(
+    tokenizer: Any,
+    body: dict[str, Any],
+    prompt: list[int],
+    gen: vllm_wire.Generation,
+    *,
+    rid: str,
+    finish: dict[str, Any],
+    reasoning_tokens: int,
+    weight_version: str,
+) -> dict[str, Any]:
+    """A chat reply's ``meta_info`` (``return_meta_info``)."""
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": len(prompt),
+        "weight_version": weight_version,
+        "num_retractions": 0,
+    }
+    if body.get("logprobs"):
+        texts = [tokenizer.decode([t], skip_special_tokens=False) for t in gen.ids]
+        meta["input_token_logprobs"] = [[None, prompt[-1], None]]
+        meta["output_token_logprobs"] = [
+            [lp, t, text] for lp, t, text in zip(gen.logprobs, gen.ids, texts, strict=True)
+        ]
+        meta["output_token_logprobs_length"] = len(gen.ids)
+    meta.update(
+        {
+            "reasoning_tokens": reasoning_tokens,
+            "completion_tokens": len(gen.ids),
+            "cached_tokens": 0,
+            "e2e_latency": 0.001,
+        }
+    )
+    return meta
+
+
 def whole_response(
     tokenizer: Any,
     body: dict[str, Any],
@@ -129,35 +184,8 @@ def whole_response(
         }
         for i, call in enumerate(parsed.tool_calls)
     ]
-    if calls:
-        finish: dict[str, Any] = {"type": "tool_calls", "matched": None}
-    elif gen.finish == "stop":
-        finish = {"type": "stop", "matched": gen.eos_id}
-    else:
-        finish = {"type": "length", "length": len(gen.ids)}
+    finish = _finish(gen, bool(calls))
     top = int(body.get("top_logprobs") or 0)
-    texts = [tokenizer.decode([t], skip_special_tokens=False) for t in gen.ids]
-    meta: dict[str, Any] = {
-        "id": rid,
-        "finish_reason": finish,
-        "prompt_tokens": len(prompt),
-        "weight_version": weight_version,
-        "num_retractions": 0,
-    }
-    if body.get("logprobs"):
-        meta["input_token_logprobs"] = [[None, prompt[-1], None]]
-        meta["output_token_logprobs"] = [
-            [lp, t, text] for lp, t, text in zip(gen.logprobs, gen.ids, texts, strict=True)
-        ]
-        meta["output_token_logprobs_length"] = len(gen.ids)
-    meta.update(
-        {
-            "reasoning_tokens": parsed.reasoning_tokens,
-            "completion_tokens": len(gen.ids),
-            "cached_tokens": 0,
-            "e2e_latency": 0.001,
-        }
-    )
     choice: dict[str, Any] = {
         "index": 0,
         "message": {
@@ -166,16 +194,7 @@ def whole_response(
             "reasoning_content": parsed.reasoning,
             "tool_calls": calls or None,
         },
-        "logprobs": (
-            {
-                "content": [
-                    _entry(tokenizer, t, lp, top)
-                    for t, lp in zip(gen.ids, gen.logprobs, strict=True)
-                ]
-            }
-            if body.get("logprobs")
-            else None
-        ),
+        "logprobs": _chat_logprobs(tokenizer, gen, top) if body.get("logprobs") else None,
         "finish_reason": finish["type"],
         "matched_stop": finish.get("matched"),
     }
@@ -184,7 +203,16 @@ def whole_response(
     if body.get("return_token_ids"):
         choice["token_ids"] = gen.ids
     if body.get("return_meta_info"):
-        choice["meta_info"] = meta
+        choice["meta_info"] = _chat_meta(
+            tokenizer,
+            body,
+            prompt,
+            gen,
+            rid=rid,
+            finish=finish,
+            reasoning_tokens=parsed.reasoning_tokens,
+            weight_version=weight_version,
+        )
     return {
         "id": rid,
         "object": "chat.completion",
@@ -250,6 +278,67 @@ def generate_meta(
     if final:
         meta["e2e_latency"] = 0.001
     return meta
+
+
+def _logprob_options(body: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """:func:`generate_meta`'s logprob arguments for a ``/generate`` request."""
+    return {
+        "top": int(body.get("top_logprobs_num") or 0) if body.get("return_logprob") else 0,
+        "tokenizer": tokenizer,
+        "with_text": bool(body.get("return_text_in_logprobs")),
+    }
+
+
+def generate_whole(
+    tokenizer: Any,
+    gen: vllm_wire.Generation,
+    prompt: list[int],
+    body: dict[str, Any],
+    *,
+    weight_version: str,
+) -> dict[str, Any]:
+    """SGLang's reply to a non-streamed ``POST /generate``."""
+    meta = generate_meta(
+        gen,
+        prompt,
+        len(gen.ids),
+        secrets.token_hex(16),
+        final=True,
+        weight_version=weight_version,
+        **_logprob_options(body, tokenizer),
+    )
+    return {"text": gen.text, "output_ids": gen.ids, "meta_info": meta}
+
+
+async def generate_events(
+    tokenizer: Any,
+    gen: vllm_wire.Generation,
+    prompt: list[int],
+    body: dict[str, Any],
+    *,
+    weight_version: str,
+    pacing: Pacing,
+) -> AsyncIterator[bytes]:
+    """SGLang's stream for ``POST /generate``: cumulative text, ids and ``meta_info``."""
+    rid = secrets.token_hex(16)
+    options = _logprob_options(body, tokenizer)
+    async for i in pacing.tokens(len(gen.ids)):
+        meta = generate_meta(
+            gen,
+            prompt,
+            i + 1,
+            rid,
+            final=i == len(gen.ids) - 1,
+            weight_version=weight_version,
+            **options,
+        )
+        chunk = {
+            "text": "".join(gen.token_texts[: i + 1]),
+            "output_ids": gen.ids[: i + 1],
+            "meta_info": meta,
+        }
+        yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 def _text(tokenizer: Any, token_id: int) -> str:

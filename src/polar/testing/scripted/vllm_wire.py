@@ -27,6 +27,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from polar.proxy.engines import vllm_protocol as wire
+
 THINK_END = "</think>"
 TOOL_START = "<tool_call>"
 TOOL_END = "</tool_call>"
@@ -187,24 +189,23 @@ def _incremental_text(tokenizer: Any, ids: Sequence[int], eos_id: int) -> Iterat
         sent = text
 
 
+def _alternatives(
+    tokenizer: Any, token_id: int, logprob: float, top: int
+) -> list[tuple[str, float]]:
+    """Made-up alternatives for ``top_logprobs``: the sampled token first, then ``top - 1``
+    others, each 1.5 less likely than the one before."""
+    out = []
+    for k in range(top):
+        alt_id = token_id if k == 0 else (token_id + 7919 * k) % 151643
+        out.append((tokenizer.decode([alt_id], skip_special_tokens=False), logprob - 1.5 * k))
+    return out
+
+
 def token_detail(tokenizer: Any, token_id: int, logprob: float, top: int) -> dict[str, Any]:
+    """A chat ``logprobs.content`` entry for one token (``top``: alternatives wanted)."""
     token = tokenizer.decode([token_id], skip_special_tokens=False)
-    entry: dict[str, Any] = {
-        "token": token,
-        "logprob": logprob,
-        "bytes": list(token.encode("utf-8")),
-        "top_logprobs": [],
-    }
-    if top > 0:
-        alternatives = [{"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}]
-        for k in range(1, top):
-            alt_id = (token_id + 7919 * k) % 151643
-            alt = tokenizer.decode([alt_id], skip_special_tokens=False)
-            alternatives.append(
-                {"token": alt, "logprob": logprob - 1.5 * k, "bytes": list(alt.encode("utf-8"))}
-            )
-        entry["top_logprobs"] = alternatives
-    return entry
+    alternatives = _alternatives(tokenizer, token_id, logprob, top) if top > 0 else []
+    return wire.chat_logprob(token, logprob, alternatives)
 
 
 # ---------------------------------------------------------------- parsing
@@ -378,16 +379,12 @@ def completion_logprobs(
     tops = []
     for i, token in zip(range(start, end), tokens, strict=True):
         entry = {token: gen.logprobs[i]}
-        for k in range(1, top):
-            alt = tokenizer.decode([(gen.ids[i] + 7919 * k) % 151643], skip_special_tokens=False)
-            entry.setdefault(alt, gen.logprobs[i] - 1.5 * k)
+        for alt, value in _alternatives(tokenizer, gen.ids[i], gen.logprobs[i], top)[1:]:
+            entry.setdefault(alt, value)
         tops.append(entry)
-    return {
-        "text_offset": offsets,
-        "token_logprobs": gen.logprobs[start:end],
-        "tokens": tokens,
-        "top_logprobs": tops,
-    }
+    return wire.completion_logprobs(
+        tokens, gen.logprobs[start:end], text_offset=offsets, top_logprobs=tops
+    )
 
 
 def stop_reason(gen: Generation, stop_ids: Sequence[int]) -> int | None:
