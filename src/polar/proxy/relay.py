@@ -161,8 +161,8 @@ class _Attempt:
     seq: int
     attempt: int
     policy_version: int
-    capture: Capture
     transcript: Transcript
+    capture: Capture
     store: SqliteStore
     calls: CallTracker
     prepared: PreparedCall = field(init=False)
@@ -445,19 +445,10 @@ class Relay:
         async with contextlib.AsyncExitStack() as stack:
             # Counted for its session and holding a gate slot until its outcome is written.
             stack.enter_context(self._calls.track(call.session.id))
-            policy_version = await stack.enter_async_context(
-                self._gate.admit(wait_s=self._pause_wait)
-            )
+            version = await stack.enter_async_context(self._gate.admit(wait_s=self._pause_wait))
             for number in itertools.count(1):
                 this = _Attempt(
-                    call=call,
-                    seq=seq,
-                    attempt=number,
-                    policy_version=policy_version,
-                    capture=self.capture,
-                    transcript=transcript,
-                    store=self._store,
-                    calls=self._calls,
+                    call, seq, number, version, transcript, self.capture, self._store, self._calls
                 )
                 # Closed with the call, so a call closed mid-stream (its client
                 # gone) closes the attempt, which records it aborted.
