@@ -35,10 +35,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,18 +153,44 @@ class Accumulator:
 
 @dataclass(slots=True)
 class _Attempt:
-    """One attempt of one call: what its record is made of."""
+    """One attempt of one call: its engine call prepared, its row written, its
+    events relayed and its outcome recorded (:meth:`events`), and the record
+    each of those writes is made of."""
 
     call: CallInput
     seq: int
     attempt: int
     policy_version: int
-    prepared: PreparedCall
-    capture: Capture
     transcript: Transcript
-    acc: Accumulator
-    engine_started: float = field(default_factory=time.time)
+    capture: Capture
+    store: SqliteStore
+    calls: CallTracker
+    prepared: PreparedCall = field(init=False)
+    acc: Accumulator = field(init=False)
+    engine_started: float = field(init=False)
     first_token: float | None = None
+    sent_any: bool = False
+    """Whether a delta was yielded to the client (a failure after one is never retried)."""
+    finished: bool = False
+    """Whether the ``Finish`` event was yielded (its outcome written before)."""
+    failure: EngineError | None = None
+    """The engine error this attempt failed with, recorded; the relay retries it or raises it."""
+
+    async def events(self) -> AsyncGenerator[EngineEvent, None]:
+        """Prepare, record and make the engine call, yielding its events. Ends after
+        the ``Finish`` event, or with :attr:`failure` set once an engine error is
+        recorded; anything else is recorded (:meth:`_outcome`) and raised."""
+        if not await self._prepare():
+            return
+        await self._begin()
+        # The engine's events are closed before the outcome is written.
+        async with self._outcome(), contextlib.aclosing(self.prepared.events) as events:
+            async for event in events:
+                if isinstance(event, Finish):
+                    yield await self._finish(event)
+                    return
+                yield self._took(event)
+            raise EngineProtocolError("engine stream ended without finishing the turn")
 
     def record(
         self,
@@ -209,6 +236,123 @@ class _Attempt:
     @property
     def key(self) -> str:
         return f"{self.call.session.id}/{self.seq}.{self.attempt}"
+
+    async def _prepare(self) -> bool:
+        """Build the engine call; False when the engine request before it failed
+        (the attempt recorded failed at once, with the request that failed)."""
+        started = time.time()
+        headers = {SESSION_HEADER: self.call.session.id, "x-request-id": self.key}
+        try:
+            self.prepared = await self.capture.prepare(
+                self.call.request, self.transcript, headers=headers
+            )
+        except PreflightFailed as failed:
+            self.prepared = PreparedCall(body=failed.body, events=_no_events())
+            self.acc = Accumulator()
+            self.engine_started = started
+            await self._failed(failed.error, whole=True)
+            return False
+        self.acc = Accumulator(self.prepared.prompt_ids, self.prepared.packed_prompt)
+        self.engine_started = time.time()
+        return True
+
+    async def _begin(self) -> None:
+        """The call's row, written before the engine is called."""
+        prepared = self.prepared
+        try:
+            await self._write(
+                self.record(RecordStatus.IN_FLIGHT),
+                begin=True,
+                prompt=self.acc.packed_prompt() if prepared.prompt_ids else None,
+            )
+        except BaseException:
+            await prepared.events.aclose()  # never started: nothing reached the engine
+            raise
+
+    def _took(self, event: PromptTokens | Delta) -> PromptTokens | Delta:
+        """``event``, added to what the record will hold."""
+        if isinstance(event, Delta):
+            if self.first_token is None and event.token_ids:
+                self.first_token = time.time()
+            self.acc.add(event)
+            self.sent_any = True
+        else:
+            self.acc.prompt_ids = event.ids
+        return event
+
+    async def _finish(self, event: Finish) -> Finish:
+        """The outcome committed, and the finish event to yield last."""
+        done = self.record(RecordStatus.COMPLETED, finish=event)
+        past = self.past(done)
+        await self._write(done, ids=past.full)
+        self.transcript.add(past)
+        self.finished = True
+        # The message recorded is the message replied.
+        return dataclasses.replace(event, message=past.output)
+
+    @contextlib.asynccontextmanager
+    async def _outcome(self) -> AsyncIterator[None]:
+        """Writes the outcome of an engine call that did not finish: an engine
+        error failed (kept in :attr:`failure`, not raised), a client gone or a
+        session ended aborted, a bug failed; the row of an outcome that could not
+        be written stays in flight."""
+        try:
+            yield
+        except EngineError as exc:
+            await self._failed(exc)
+        except (asyncio.CancelledError, GeneratorExit):
+            if not self.finished:  # else closed after the last event: the outcome is written
+                await self._aborted()
+            raise
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            # A bug: the client gets a 500, the call a record.
+            error = CallError(kind=ErrorKind.INTERNAL, message=describe(exc))
+            with contextlib.suppress(StoreUnavailable):
+                await self._write(self.record(RecordStatus.FAILED, error=error))
+            raise
+
+    async def _failed(self, exc: EngineError, *, whole: bool = False) -> None:
+        error = CallError(kind=exc.kind, message=exc.message, status=exc.status)
+        await self._write(self.record(RecordStatus.FAILED, error=error), whole=whole)
+        self.failure = exc
+
+    async def _aborted(self) -> None:
+        """The client went away, or its session ended: keep what was sampled. The
+        write is shielded from this task's cancellation."""
+        ended = self.calls.was_cut(asyncio.current_task())
+        error = CallError(
+            kind=ErrorKind.SESSION_ENDED if ended else ErrorKind.CLIENT_DISCONNECTED,
+            message=(
+                "the session's harness ended while the call was in flight"
+                if ended
+                else "client disconnected before the turn finished"
+            ),
+        )
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.shield(self._write(self.record(RecordStatus.ABORTED, error=error)))
+
+    async def _write(
+        self,
+        record: CompletionRecord,
+        *,
+        begin: bool = False,
+        whole: bool = False,
+        prompt: bytes | None = None,
+        ids: TokenRun | None = None,
+    ) -> None:
+        """``begin``: the row of a call about to reach the engine; ``whole``: the
+        only write of an attempt (a failed preflight); else the outcome."""
+        try:
+            if begin:
+                await self.store.begin(record, prompt=prompt)
+            elif whole:
+                await self.store.append(record)
+            else:
+                await self.store.finish(record, ids=ids)
+        except StoreError as exc:
+            raise StoreUnavailable(f"the gateway cannot record calls right now: {exc}") from None
 
     def _record(
         self, status: RecordStatus, finish: Finish | None, error: CallError | None
@@ -289,157 +433,42 @@ class Relay:
         self._backoff = retry_backoff_s
         self._pause_wait = pause_wait_s
 
-    async def _write(
-        self,
-        record: CompletionRecord,
-        *,
-        begin: bool = False,
-        whole: bool = False,
-        prompt: bytes | None = None,
-        ids: TokenRun | None = None,
-    ) -> None:
-        """``begin``: the row of a call about to reach the engine; ``whole``: the
-        only write of an attempt (a failed preflight); else the outcome."""
-        try:
-            if begin:
-                await self._store.begin(record, prompt=prompt)
-            elif whole:
-                await self._store.append(record)
-            else:
-                await self._store.finish(record, ids=ids)
-        except StoreError as exc:
-            raise StoreUnavailable(f"the gateway cannot record calls right now: {exc}") from None
-
-    async def _retrying(self, exc: EngineError, this: _Attempt, *, sent_any: bool) -> bool:
-        """Whether the failed attempt is tried again (after its backoff): a transient
-        failure before anything reached the client, with attempts left."""
-        if not (exc.retryable and not sent_any and this.attempt < self._max_attempts):
-            return False
-        _log.warning("call %s failed, retrying: %s", this.key, exc.message[:300])
-        if exc.backoff:
-            await asyncio.sleep(self._backoff * 2 ** (this.attempt - 1))
-        return True
-
     async def run(self, call: CallInput) -> AsyncGenerator[EngineEvent, None]:
-        """Serve one call; yields the prompt ids once known (again for each
-        attempt), deltas as they arrive, and the finish event last."""
+        """Serve one call: admit it, then make attempts until one finishes or fails
+        for good. Yields the prompt ids once known (again for each attempt),
+        deltas as they arrive, and the finish event last."""
         seq = call.session.next_seq()
         call = dataclasses.replace(
             call, request=self.sampling.apply(call.request, call.session.sampling)
         )
         transcript = self._transcripts.get(call.session.id)
-        with self._calls.track(call.session.id):
-            async with self._gate.admit(wait_s=self._pause_wait) as policy_version:
-                attempt = 0
-                while True:
-                    attempt += 1
-                    started = time.time()
-                    try:
-                        prepared = await self.capture.prepare(
-                            call.request,
-                            transcript,
-                            headers={
-                                SESSION_HEADER: call.session.id,
-                                "x-request-id": f"{call.session.id}/{seq}.{attempt}",
-                            },
-                        )
-                    except PreflightFailed as failed:
-                        exc = failed.error
-                        this = _Attempt(
-                            call=call,
-                            seq=seq,
-                            attempt=attempt,
-                            policy_version=policy_version,
-                            prepared=PreparedCall(body=failed.body, events=_no_events()),
-                            capture=self.capture,
-                            transcript=transcript,
-                            acc=Accumulator(),
-                            engine_started=started,
-                        )
-                        error = CallError(kind=exc.kind, message=exc.message, status=exc.status)
-                        await self._write(this.record(RecordStatus.FAILED, error=error), whole=True)
-                        if await self._retrying(exc, this, sent_any=False):
-                            continue
-                        raise exc from None
-                    this = _Attempt(
-                        call=call,
-                        seq=seq,
-                        attempt=attempt,
-                        policy_version=policy_version,
-                        prepared=prepared,
-                        capture=self.capture,
-                        transcript=transcript,
-                        acc=Accumulator(prepared.prompt_ids, prepared.packed_prompt),
-                    )
-                    try:
-                        await self._write(
-                            this.record(RecordStatus.IN_FLIGHT),
-                            begin=True,
-                            prompt=this.acc.packed_prompt() if prepared.prompt_ids else None,
-                        )
-                    except BaseException:
-                        await prepared.events.aclose()  # never started: nothing reached the engine
-                        raise
-                    acc = this.acc
-                    sent_any = False
-                    finished = False
-                    try:
-                        async with contextlib.aclosing(prepared.events) as events:
-                            async for event in events:
-                                if isinstance(event, PromptTokens):
-                                    acc.prompt_ids = event.ids
-                                    yield event
-                                elif isinstance(event, Delta):
-                                    if this.first_token is None and event.token_ids:
-                                        this.first_token = time.time()
-                                    acc.add(event)
-                                    sent_any = True
-                                    yield event
-                                else:
-                                    done = this.record(RecordStatus.COMPLETED, finish=event)
-                                    past = this.past(done)
-                                    await self._write(done, ids=past.full)
-                                    transcript.add(past)
-                                    finished = True
-                                    # The message recorded is the message replied.
-                                    yield dataclasses.replace(event, message=past.output)
-                                    return
-                        raise EngineProtocolError("engine stream ended without finishing the turn")
-                    except EngineError as exc:
-                        error = CallError(kind=exc.kind, message=exc.message, status=exc.status)
-                        await self._write(this.record(RecordStatus.FAILED, error=error))
-                        if await self._retrying(exc, this, sent_any=sent_any):
-                            continue
-                        raise
-                    except (asyncio.CancelledError, GeneratorExit):
-                        if finished:
-                            raise  # closed after the last event: the outcome is written
-                        # The client went away, or its session ended: keep what was
-                        # sampled. The write is shielded from this task's cancellation.
-                        ended = self._calls.was_cut(asyncio.current_task())
-                        error = CallError(
-                            kind=(
-                                ErrorKind.SESSION_ENDED if ended else ErrorKind.CLIENT_DISCONNECTED
-                            ),
-                            message=(
-                                "the session's harness ended while the call was in flight"
-                                if ended
-                                else "client disconnected before the turn finished"
-                            ),
-                        )
-                        with contextlib.suppress(Exception, asyncio.CancelledError):
-                            await asyncio.shield(
-                                self._write(this.record(RecordStatus.ABORTED, error=error))
-                            )
-                        raise
-                    except StoreUnavailable:
-                        raise  # the outcome could not be written; the row stays in flight
-                    except Exception as exc:
-                        # A bug: the client gets a 500, the call a record.
-                        error = CallError(kind=ErrorKind.INTERNAL, message=describe(exc))
-                        with contextlib.suppress(StoreUnavailable):
-                            await self._write(this.record(RecordStatus.FAILED, error=error))
-                        raise
+        async with contextlib.AsyncExitStack() as stack:
+            # Counted for its session and holding a gate slot until its outcome is written.
+            stack.enter_context(self._calls.track(call.session.id))
+            version = await stack.enter_async_context(self._gate.admit(wait_s=self._pause_wait))
+            for number in itertools.count(1):
+                this = _Attempt(
+                    call, seq, number, version, transcript, self.capture, self._store, self._calls
+                )
+                # Closed with the call, so a call closed mid-stream (its client
+                # gone) closes the attempt, which records it aborted.
+                events = await stack.enter_async_context(contextlib.aclosing(this.events()))
+                async for event in events:
+                    yield event
+                if this.failure is None:
+                    return  # finished: the Finish event was the last
+                if not await self._retrying(this.failure, this):
+                    raise this.failure
+
+    async def _retrying(self, exc: EngineError, this: _Attempt) -> bool:
+        """Whether the failed attempt is tried again (after its backoff): a transient
+        failure before anything reached the client, with attempts left."""
+        if not (exc.retryable and not this.sent_any and this.attempt < self._max_attempts):
+            return False
+        _log.warning("call %s failed, retrying: %s", this.key, exc.message[:300])
+        if exc.backoff:
+            await asyncio.sleep(self._backoff * 2 ** (this.attempt - 1))
+        return True
 
 
 async def _no_events() -> AsyncGenerator[EngineEvent, None]:
