@@ -14,9 +14,10 @@ import httpx
 import pytest
 
 from polar.rollout.config import ServerConfig
+from polar.rollout.errors import RolloutServerError
 from polar.rollout.protocol import HarnessSpec, TaskSubmission
 from polar.rollout.server import RolloutServer
-from polar.rollout.server_app import create_server_app
+from polar.rollout.server_app import ANSWERS, create_server_app
 from polar.testing.serverthread import ServerThread
 
 from support.agents import agent_task, shell_harness
@@ -160,3 +161,7 @@ def test_bad_queries_are_400s_and_bad_tokens_401s(http: httpx.Client, tmp_path: 
         401,
         error("unauthorized", "missing or wrong control token"),
     )
+
+
+def test_every_domain_error_has_one_answer() -> None:
+    assert set(RolloutServerError.__subclasses__()) == set(ANSWERS)
