@@ -17,9 +17,9 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from polar.proxy.engines.base import SESSION_HEADER
+from polar.serverthread import ServerThread
 from polar.testing.scripted import sglang_wire, vllm_wire
 from polar.testing.scripted.script import ObservedRequest, Script, SessionScripts, Turn
-from polar.testing.serverthread import ServerThread
 
 
 @dataclass(slots=True)
