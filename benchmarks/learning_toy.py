@@ -206,7 +206,7 @@ def rollout_service(root: Path, engine: dict[str, Any], model: str) -> Iterator[
     from polar.rollout.deploy import NodeThread, node_service
     from polar.rollout.server import RolloutServer
     from polar.rollout.server_app import create_server_app
-    from polar.testing.serverthread import ServerThread
+    from polar.serverthread import ServerThread
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -353,7 +353,7 @@ def run_grpo(
 ) -> tuple[Any, list[dict[str, float]]]:
     from polar.proxy.engines.embedded import ModelRunner, create_engine_app
     from polar.rollout.client import RolloutClient
-    from polar.testing.serverthread import ServerThread
+    from polar.serverthread import ServerThread
     from polar.train.config import TrainConfig
     from polar.train.evaluation import evaluate
     from polar.train.feed import GroupRequest

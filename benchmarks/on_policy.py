@@ -48,7 +48,7 @@ from polar.proxy.config import GatewayConfig
 from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.proxy.gateway import Gateway
 from polar.proxy.store import SqliteStore
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 from polar.tinymodel import build_tiny_model
 from polar.tokenizer import load_tokenizer
 from polar.train.batch import Group, ScoredSession, advantages_of, microbatches, rows_of

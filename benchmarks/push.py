@@ -45,7 +45,7 @@ import torch
 
 from polar.precision import load_master
 from polar.proxy.engines.embedded import ModelRunner, create_engine_app
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 from polar.tinymodel import build_tiny_model
 from polar.train.config import LoraSettings
 from polar.train.lora import add_adapters

@@ -324,7 +324,7 @@ def _gateway(engine_url: str, tmp: str, **engine: object) -> tuple[object, str, 
     from polar.proxy.app import create_app
     from polar.proxy.config import GatewayConfig
     from polar.proxy.gateway import Gateway
-    from polar.testing.serverthread import ServerThread
+    from polar.serverthread import ServerThread
 
     config = GatewayConfig.model_validate(
         {
@@ -487,7 +487,7 @@ def weight_sync(calls: int, sessions: int, syncs: int) -> None:
     from polar.proxy.app import create_app
     from polar.proxy.config import GatewayConfig
     from polar.proxy.gateway import Gateway
-    from polar.testing.serverthread import ServerThread
+    from polar.serverthread import ServerThread
 
     engine = FaultyVllm(0.0, 0, token_delay_s=0.005)
     with tempfile.TemporaryDirectory() as tmp:
@@ -777,7 +777,7 @@ def big_prompts(mb: float, count: int) -> None:
     from polar.proxy.app import create_app
     from polar.proxy.config import GatewayConfig
     from polar.proxy.gateway import Gateway
-    from polar.testing.serverthread import ServerThread
+    from polar.serverthread import ServerThread
 
     with tempfile.TemporaryDirectory() as tmp:
         # The engine is its own process (as vLLM is), so only the gateway is measured.

@@ -48,8 +48,8 @@ from polar.proxy.engines.vllm_process import free_port
 from polar.proxy.gateway import Gateway
 from polar.rollout.client import RolloutClient, RolloutError
 from polar.rollout.protocol import HarnessSpec, SessionStatus, TaskSubmission
+from polar.serverthread import ServerThread
 from polar.testing.scripted import ScriptedEngine, script_from_dict
-from polar.testing.serverthread import ServerThread
 from polar.tokenizer import load_tokenizer
 from rollout import make_task
 

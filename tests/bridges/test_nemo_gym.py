@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict
 from polar.bridges.config import TraceChoice
 from polar.bridges.nemo_gym import NemoGymBridgeConfig, create_app, main, verify_response
 from polar.bridges.rollouts import session_sample
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 
 from support.bridges import (
     BETWEEN,

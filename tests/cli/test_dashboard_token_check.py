@@ -17,7 +17,7 @@ from polar.proxy.engines.vllm_process import free_port
 from polar.rollout.config import ServerConfig
 from polar.rollout.server import RolloutServer
 from polar.rollout.server_app import create_server_app
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 
 TOKEN = "dashboard-check-token-0123456789"
 

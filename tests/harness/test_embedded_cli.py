@@ -29,7 +29,7 @@ import pytest
 from polar.harness import RunSpec
 from polar.harness.exchange import SHELL_EXCHANGES
 from polar.proxy.engines.embedded import ModelRunner, create_engine_app
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 
 from support.cli_runs import check_delivered, decoded_turn, extending, run_cli
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 from polar.ir.tokenids import (
     MAX_DEPTH,
     TokenRun,
+    best_shared_prefix,
     common_prefix,
     pack,
     pack_floats,
@@ -80,3 +83,30 @@ def test_a_run_that_continues_another_stores_only_what_is_new() -> None:
     second = TokenRun.of(pack([*range(100_000), 7, 8]), on=first)
     assert second.own_bytes() == 8
     assert second.ids()[-3:] == (99_999, 7, 8)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_best_shared_prefix_is_the_newest_sharing_the_most(seed: int) -> None:
+    """The search (newest first, skipping runs that cannot share more, stopping at
+    a prompt shared whole) finds what comparing every run finds: the longest
+    shared prefix, the newest run among those that tie; nothing when none shares
+    a token. Runs built on others and prompts shorter than a run included."""
+    rng = random.Random(seed)
+    for case in range(60):
+        stem = [rng.randint(0, 9) for _ in range(rng.randint(0, 12))]
+        runs: list[tuple[int, TokenRun]] = []
+        for label in range(rng.randint(0, 10)):
+            ids = stem[: rng.randint(0, len(stem))] + [
+                rng.randint(0, 3) for _ in range(rng.randint(0, 6))
+            ]
+            on = runs[-1][1] if runs and rng.random() < 0.5 else None
+            runs.append((label, TokenRun.of(pack(ids), on=on)))
+        prompt = pack(stem[: rng.randint(0, len(stem))] + [rng.randint(0, 3)] * rng.randint(0, 3))
+        expected = None
+        for label, run in runs:  # oldest first; a later tie wins
+            shared = common_prefix(prompt, run.packed())
+            if shared and (expected is None or shared >= expected[1]):
+                expected = (label, shared)
+        found = best_shared_prefix(prompt, runs, lambda entry: entry[1])
+        got = None if found is None else (found[0][0], found[1])
+        assert got == expected, f"seed {seed} case {case}"

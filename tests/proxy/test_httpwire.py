@@ -9,7 +9,7 @@ from typing import Any
 
 from polar.proxy.asgi import DisconnectWatch, send_body
 from polar.proxy.httpwire import CONNECTION, CoalescingTransport, GatewayHttpProtocol
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 
 
 class Recorder:

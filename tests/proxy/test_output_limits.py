@@ -24,7 +24,7 @@ from polar.proxy.config import GatewayConfig
 from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.proxy.gateway import Gateway
 from polar.proxy.store import SqliteStore
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 from polar.tinymodel import TinyModelSpec, build_tiny_model
 
 CONTEXT = 40

@@ -16,7 +16,7 @@ from polar.rollout.config import ServerConfig
 from polar.rollout.protocol import EventKind, HarnessSpec, NodeRegistration, TaskSubmission
 from polar.rollout.server import RolloutServer
 from polar.rollout.server_app import create_server_app
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 
 from support.agents import agent_task, shell_harness
 from support.rollout import CONTROL_TOKEN

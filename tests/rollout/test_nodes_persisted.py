@@ -15,7 +15,7 @@ import httpx
 from polar.rollout.config import ServerConfig
 from polar.rollout.server import RolloutServer
 from polar.rollout.server_app import create_server_app
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 
 from support.rollout import CONTROL_TOKEN
 from support.waiting import wait_until

@@ -30,7 +30,7 @@ from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.proxy.store import SqliteStore
 from polar.rollout.client import RolloutClient
 from polar.rollout.protocol import SessionResult, SessionStatus, TaskResult
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 from polar.tinymodel import build_tiny_model
 from polar.trajectory import ChainClass, TurnSpan, row_of
 from polar.trajectory import Sample as PolarSample

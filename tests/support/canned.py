@@ -28,7 +28,7 @@ from polar.rollout.failure import FailureReason
 from polar.rollout.protocol import SessionResult, SessionStatus, TaskStatus, TaskView
 from polar.rollout.server import RolloutServer
 from polar.rollout.server_app import create_server_app
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 from polar.trajectory.export import row_of
 
 from support.rollout import CONTROL_TOKEN

@@ -44,7 +44,7 @@ from polar.proxy.app import create_app
 from polar.proxy.config import GatewayConfig
 from polar.proxy.gateway import Gateway
 from polar.proxy.store import SqliteStore
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 from polar.train.rehearsal import INSTRUCTION
 from polar.train.warmup import WarmupSpec
 

@@ -24,9 +24,9 @@ from polar.dashboard import DashboardConfig, create_dashboard_app
 from polar.ir import CompletionRecord
 from polar.ir.codec import record_from_json
 from polar.proxy.store import SessionRow, SqliteStore
+from polar.serverthread import ServerThread
 from polar.sft.stats import GenerationStats
 from polar.sft.verdict import AttemptKey, FilterReason, Filters, Outcome, Verdict
-from polar.testing.serverthread import ServerThread
 
 from support.paths import FIXTURES
 

@@ -18,9 +18,9 @@ from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.deploy import NodeService, NodeThread, node_service
 from polar.rollout.server import RolloutServer
 from polar.rollout.server_app import create_server_app
+from polar.serverthread import ServerThread
 from polar.tasks.builtin import solution_patch, wrong_patch
 from polar.testing.scripted import ScriptedEngine, script_from_dict
-from polar.testing.serverthread import ServerThread
 
 from support.paths import REPO
 

@@ -17,8 +17,8 @@ from polar.proxy.gateway import Gateway
 from polar.proxy.httpwire import GatewayHttpProtocol
 from polar.proxy.render.template import ChatTemplate
 from polar.proxy.store import SqliteStore
+from polar.serverthread import ServerThread
 from polar.testing.scripted import Script, ScriptedEngine, SessionScripts
-from polar.testing.serverthread import ServerThread
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 

@@ -16,7 +16,7 @@ from polar.ir.behaviour import MODEL
 from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.rollout.failure import FailureReason
 from polar.rollout.protocol import SessionResult, SessionStatus, TaskResult, TaskStatus
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 from polar.trajectory import ChainClass
 from polar.trajectory.export import Sample, row_of
 from polar.trajectory.trace import TurnSpan

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Reversible, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 _LITTLE = sys.byteorder == "little"
 
@@ -28,6 +28,8 @@ WIDTH = 4
 
 MAX_DEPTH = 128
 """Runs chained deeper than this are stored whole (bounds the cost of :meth:`TokenRun.packed`)."""
+
+_T = TypeVar("_T")
 
 
 def _little_endian(packed: array[Any]) -> bytes:
@@ -179,3 +181,31 @@ class TokenRun:
     def own_bytes(self) -> int:
         """Bytes this run adds to what its base holds."""
         return len(self.tail)
+
+
+def best_shared_prefix(
+    packed: bytes, candidates: Reversible[_T], run: Callable[[_T], TokenRun]
+) -> tuple[_T, int] | None:
+    """Of ``candidates`` (oldest first), the one whose ``run`` shares the longest
+    prefix with ``packed``, the newest of those that tie, and the tokens it
+    shares; ``None`` when none shares a token.
+
+    Newest first, and a candidate that cannot share more than the best so far
+    (its run, or ``packed``, is no longer) is skipped unread: usually the newest
+    run is a prefix of ``packed`` (a conversation that grew) and no older,
+    shorter one is unpacked; once the whole of ``packed`` is shared (a resent
+    request) the search ends.
+    """
+    best: _T | None = None
+    most = 0
+    whole = len(packed) // WIDTH
+    for candidate in reversed(candidates):
+        full = run(candidate)
+        if min(whole, len(full)) <= most:
+            continue
+        shared = common_prefix(packed, full.packed())
+        if shared > most:
+            best, most = candidate, shared
+            if most == whole:
+                break
+    return None if best is None else (best, most)

@@ -9,7 +9,7 @@ the sandbox; this server accepts on it. Inside, the sandbox's init listens on
 (see :mod:`polar.runtime.inside`), so the harness sees an ordinary HTTP server.
 
 **What passes.** Everything that runs in the sandbox is untrusted, so this end
-reads each HTTP/1.1 request head (strictly, :mod:`polar.runtime.http1`) before
+reads each HTTP/1.1 request head (strictly, :mod:`polar.http1`) before
 anything reaches the gateway, and forwards only
 
 - the model API (:data:`MODEL_ROUTES`, and the Gemini API's
@@ -48,9 +48,7 @@ import re
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from polar.runtime.base import GatewayAddress
-from polar.runtime.errors import RuntimeStartError
-from polar.runtime.http1 import (
+from polar.http1 import (
     CHUNK,
     MAX_HEAD_BYTES,
     Framing,
@@ -61,6 +59,8 @@ from polar.runtime.http1 import (
     read_head,
     relay_body,
 )
+from polar.runtime.base import GatewayAddress
+from polar.runtime.errors import RuntimeStartError
 
 _log = logging.getLogger(__name__)
 
@@ -183,6 +183,8 @@ class GatewayRelay:
             if raw is None:
                 return None
             request = parse_request(raw)
+            if request.upgrade:
+                raise HttpError(400, "protocol upgrades are not relayed")
         except TimeoutError:
             return None
         except HttpError as exc:

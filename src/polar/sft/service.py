@@ -24,7 +24,7 @@ from polar.rollout.node import claim_node
 from polar.rollout.server import RolloutServer
 from polar.rollout.server_app import create_server_app
 from polar.runtime.reap import reap
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,7 +79,7 @@ def local_stack(settings: LocalSettings) -> Iterator[LocalStack]:
     from polar.rollout.deploy import NodeThread, node_service
     from polar.rollout.server import RolloutServer
     from polar.rollout.server_app import create_server_app
-    from polar.testing.serverthread import ServerThread
+    from polar.serverthread import ServerThread
 
     root = settings.root.resolve()
     # A fresh run, but the session directories are the node's to clean: it reaps

@@ -118,8 +118,8 @@ def rehearse(
     from polar.proxy.config import GatewayConfig
     from polar.proxy.gateway import Gateway
     from polar.proxy.store import SqliteStore
+    from polar.serverthread import ServerThread
     from polar.testing.scripted import Script, ScriptedEngine
-    from polar.testing.serverthread import ServerThread
     from polar.tokenizer import load_tokenizer
 
     exchange = SHELL_EXCHANGES.get(name)

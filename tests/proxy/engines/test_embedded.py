@@ -25,7 +25,7 @@ from polar.proxy.engines.embedded import (
     sample,
 )
 from polar.proxy.engines.embedded.runner import sample_rows
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 from polar.tinymodel import TinyModelSpec, build_tiny_model
 
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]

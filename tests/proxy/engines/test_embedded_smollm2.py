@@ -17,7 +17,7 @@ from polar.proxy.config import GatewayConfig
 from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.proxy.gateway import Gateway
 from polar.proxy.store import SqliteStore
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 
 ADMIN = "0123456789abcdef0123"
 

@@ -27,7 +27,7 @@ from polar.proxy.gateway import Gateway
 from polar.proxy.render.template import ChatTemplate
 from polar.proxy.render.tokens import TokenText
 from polar.proxy.store import SqliteStore
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 from polar.tinymodel import build_tiny_model
 from polar.trajectory import BuildConfig, PerRequest, TurnFormat
 

@@ -95,3 +95,12 @@ def test_a_whole_body_is_read_for_the_admin_api() -> None:
     assert asyncio.run(run(chunked, 100)) == b"abcde"
     with pytest.raises(BadFraming):
         asyncio.run(run(_head("Content-Length: 101") + b"x" * 101, 100))
+
+
+def test_a_refused_head_is_answered_with_the_strict_parsers_status() -> None:
+    with pytest.raises(BadFraming) as refused:
+        parse_head(_head("Transfer-Encoding: gzip"))
+    assert refused.value.status == 501
+    with pytest.raises(BadFraming) as refused:
+        parse_head(_head("Content-Length: x"))
+    assert refused.value.status == 400

@@ -32,7 +32,7 @@ from polar.ir import (
     TextPart,
     ToolSpec,
 )
-from polar.ir.tokenids import WIDTH, TokenRun, common_prefix, pack, unpack
+from polar.ir.tokenids import TokenRun, best_shared_prefix, common_prefix, pack, unpack
 from polar.proxy.render.template import ChatTemplate
 from polar.proxy.render.tokenbound import TooManyTokens
 
@@ -240,22 +240,11 @@ def _lineage(prompt: bytes, base: PastCall | None, transcript: Transcript) -> Pr
             shared_tokens=shared,
             base_tokens=len(base.full),
         )
-    # The call sharing the longest prefix, the latest of those that tie: newest
-    # first, so a call that cannot share more than the best so far is skipped,
-    # and a prompt shared whole (a resent request) ends the search.
-    best: PastCall | None = None
-    most = 0
-    whole = len(prompt) // WIDTH
-    for call in reversed(transcript.calls):
-        if min(whole, len(call.full)) <= most:
-            continue
-        shared = common_prefix(prompt, call.full.packed())
-        if shared > most:
-            best, most = call, shared
-            if most == whole:
-                break
-    if best is None:
+    # The call sharing the longest prefix, the latest of those that tie.
+    found = best_shared_prefix(prompt, transcript.calls, lambda call: call.full)
+    if found is None:
         return PromptLineage(origin=PromptOrigin.FRESH)
+    best, most = found
     return PromptLineage(
         origin=PromptOrigin.DIVERGED,
         base_seq=best.seq,

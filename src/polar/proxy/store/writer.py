@@ -53,7 +53,7 @@ from typing import Any, assert_never
 
 from polar.ir import CallError, CompletionRecord, Distribution, ErrorKind, RecordStatus
 from polar.ir.codec import distribution_to_json
-from polar.ir.tokenids import WIDTH, TokenRun, common_prefix, pack
+from polar.ir.tokenids import WIDTH, TokenRun, best_shared_prefix, pack
 from polar.proxy.logtext import describe
 from polar.proxy.store.packing import ListMemo, encode_blob, split_body
 from polar.proxy.store.rows import OUTCOME_COLUMNS, dumps, error_json, outcome_values
@@ -187,19 +187,12 @@ class DeltaBases:
         if not entries:
             return None, 0
         self._sessions.move_to_end(session_id)
-        best_row, best_len = None, 0
-        whole = len(prompt) // WIDTH
-        # Newest first: usually the last call's string is a prefix of this prompt,
-        # and then no shorter string (every older one, as a rule) can beat it and
-        # none of them is unpacked; nor any string once the whole prompt is shared
-        # (a resent request).
-        for rowid, full in reversed(entries):
-            if min(len(full), whole) <= best_len:
-                continue
-            shared = common_prefix(full.packed(), prompt)
-            if shared > best_len:
-                best_row, best_len = rowid, shared
-        return best_row, best_len
+        # The newest string sharing the most (the last call's, as a rule).
+        found = best_shared_prefix(prompt, entries, lambda entry: entry[1])
+        if found is None:
+            return None, 0
+        (rowid, _), shared = found
+        return rowid, shared
 
     def add(self, session_id: str, rowid: int, full: TokenRun) -> None:
         entries = self._sessions.setdefault(session_id, deque())

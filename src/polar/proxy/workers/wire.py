@@ -3,9 +3,9 @@
 The router reads only what it must to route a call (the request head, the
 body's framing) and passes the bytes on unchanged, so the worker parses the very
 bytes the client sent. A head the router cannot frame without doubt (two
-lengths, a transfer coding other than ``chunked``, folded header lines) is
-refused with a 400 before it reaches a worker: the router and the worker can
-never disagree on where a request ends.
+lengths, a transfer coding other than ``chunked``, folded header lines: the
+strict parse of :mod:`polar.http1`) is refused with a 4xx/5xx before it reaches
+a worker: the router and the worker can never disagree on where a request ends.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import asyncio
 from dataclasses import dataclass
 from http import HTTPStatus
 
+from polar.http1 import Framing, HttpError, parse_request
 from polar.proxy.dialects.registry import dialect_at
 from polar.proxy.errors import ProxyError
 from polar.proxy.httpwire import MAX_HEAD_BYTES
@@ -22,9 +23,15 @@ _READ = 1 << 16
 
 
 class BadFraming(Exception):
-    """The request cannot be framed without doubt; answered 400, connection closed."""
+    """The request cannot be framed without doubt; answered ``status`` (400 unless
+    :mod:`polar.http1` names another), connection closed."""
 
     status = 400
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status
 
 
 class HeadTooLarge(BadFraming):
@@ -55,52 +62,23 @@ class Head:
 
 
 def parse_head(raw: bytes) -> Head:
-    lines = raw[:-4].split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
-        raise BadFraming("malformed request line")
-    headers: dict[str, str] = {}
-    fields: list[tuple[bytes, bytes]] = []
-    lengths: set[bytes] = set()
-    codings: list[bytes] = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip() or line[:1] in (b" ", b"\t"):
-            raise BadFraming("malformed header line")
-        key = name.decode("latin-1").lower()
-        value = value.strip(b" \t")
-        fields.append((name.lower(), value))
-        if key == "content-length":
-            lengths.add(value)
-        elif key == "transfer-encoding":
-            codings.append(value.lower())
-        headers[key] = value.decode("latin-1")
-    if len(lengths) > 1:
-        raise BadFraming("conflicting Content-Length headers")
-    if codings and (lengths or codings != [b"chunked"]):
-        raise BadFraming("only a lone 'Transfer-Encoding: chunked' is accepted")
-    length = None
-    if lengths:
-        (value,) = lengths
-        if not value.isdigit() or len(value) > 18:
-            raise BadFraming("malformed Content-Length")
-        length = int(value)
-    method = parts[0].decode("latin-1")
-    target = parts[1].decode("latin-1")
-    connection = headers.get("connection", "").lower()
-    keep_alive = "close" not in connection and (
-        parts[2] == b"HTTP/1.1" or "keep-alive" in connection
-    )
+    """The router's view of a request head, parsed strictly (:func:`polar.http1.parse_request`:
+    what two parsers could frame differently is refused, with that module's status)."""
+    try:
+        request = parse_request(raw)
+    except HttpError as exc:
+        raise BadFraming(exc.message, status=exc.status) from None
+    fields = request.head.headers
     return Head(
         raw=raw,
-        method=method,
-        target=target,
-        path=target.partition("?")[0],
-        headers=headers,
-        fields=tuple(fields),
-        length=length,
-        chunked=bool(codings),
-        keep_alive=keep_alive,
+        method=request.method,
+        target=request.target,
+        path=request.path,
+        headers={name.decode("latin-1"): value.decode("latin-1") for name, value in fields},
+        fields=fields,
+        length=request.length if request.framing is Framing.LENGTH else None,
+        chunked=request.framing is Framing.CHUNKED,
+        keep_alive=request.keep_alive,
     )
 
 

@@ -22,11 +22,11 @@ from starlette.routing import Route
 from polar.proxy.engines import vllm_protocol
 from polar.proxy.engines.adapter import CHAT_PATH
 from polar.proxy.engines.base import SESSION_HEADER
+from polar.serverthread import ServerThread
 from polar.testing.scripted import sglang_wire, vllm_replies, vllm_wire
 from polar.testing.scripted.pacing import Pacing
 from polar.testing.scripted.player import ScriptMismatch, ScriptPlayer
 from polar.testing.scripted.script import ObservedRequest, Script, SessionScripts, Turn
-from polar.testing.serverthread import ServerThread
 
 _SSE = "text/event-stream"
 

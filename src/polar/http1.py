@@ -1,19 +1,25 @@
-"""Just enough HTTP/1.1 to relay requests one at a time and know where each ends.
+"""Strict HTTP/1.1 request heads, and just enough more to relay messages one at a time.
 
-The gateway relay (:mod:`polar.runtime.relay`) reads requests from an
-untrusted client (whatever runs in a sandbox) and must see exactly the
-requests the gateway will see: a request smuggled past it inside another
-one's body would reach routes it refuses. So request heads are parsed
-strictly (RFC 9112), and anything two parsers could read differently is
-refused instead of guessed at: bare LF line ends, folded header lines,
-header names with characters outside ``tchar``, control characters in
-values, several ``Content-Length`` headers or one with anything but digits,
-``Transfer-Encoding`` other than exactly ``chunked``, and both framings at
-once. Responses come from the gateway (trusted) and are parsed leniently,
-only to find where each ends.
+Two places stand between an untrusted client and the gateway and read its
+requests before the gateway does: the runtime's gateway relay
+(:mod:`polar.runtime.relay`, whatever runs in a sandbox) and a gateway group's
+router (:mod:`polar.proxy.workers.wire`). Each must see exactly the requests the
+server behind it will see: a request smuggled past it inside another one's body
+would reach routes it refuses, or a worker that disagrees on where a request
+ends. So request heads are parsed strictly (RFC 9112), here and nowhere else,
+and anything two parsers could read differently is refused instead of guessed
+at: bare LF line ends, folded header lines, header names with characters
+outside ``tchar``, control characters in values, several ``Content-Length``
+headers or one with anything but digits, ``Transfer-Encoding`` other than
+exactly ``chunked``, both framings at once, a request target that is not a path.
+What a caller lets through (protocol upgrades, routes) is the caller's policy.
+Responses come from the gateway (trusted) and are parsed leniently, only to
+find where each ends.
 
 Bodies are never buffered whole: :func:`relay_body` copies them in pieces
 as they arrive, writing each before reading the next (backpressure).
+
+A leaf: it imports nothing from Polar, so every layer may use it.
 """
 
 from __future__ import annotations
@@ -85,11 +91,16 @@ class Request:
     length: int
 
     @property
+    def upgrade(self) -> bool:
+        """Whether the client asks to switch protocols (``Upgrade``, or ``Connection: upgrade``)."""
+        return bool(self.head.values(b"upgrade")) or b"upgrade" in self.head.tokens(b"connection")
+
+    @property
     def keep_alive(self) -> bool:
         connection = self.head.tokens(b"connection")
-        if self.version == b"HTTP/1.0":
-            return b"keep-alive" in connection
-        return b"close" not in connection
+        if b"close" in connection:
+            return False
+        return self.version == b"HTTP/1.1" or b"keep-alive" in connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +162,6 @@ def parse_request(raw: bytes) -> Request:
         raise HttpError(505, f"unsupported protocol {version[:20]!r}")
     if not _TARGET.match(target):
         raise HttpError(400, "the request target must be a path (origin form)")
-    if head.values(b"upgrade") or b"upgrade" in head.tokens(b"connection"):
-        raise HttpError(400, "protocol upgrades are not relayed")
     lengths = head.values(b"content-length")
     encodings = head.values(b"transfer-encoding")
     if lengths and encodings:

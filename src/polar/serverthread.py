@@ -1,4 +1,8 @@
-"""Run an ASGI app under uvicorn on a background thread (tests, demos, embedded use).
+"""Run an ASGI app under uvicorn on a background thread.
+
+A product utility (``polar demo``'s local stack, ``polar generate``'s
+in-process rollout service, rehearsals, the scripted engine) that tests and
+benchmarks use too; a leaf: it imports nothing from Polar.
 
 The server binds its socket before :meth:`ServerThread.start` returns, so the
 URL is usable immediately; port 0 picks a free port.
