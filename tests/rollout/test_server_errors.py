@@ -18,7 +18,7 @@ from polar.rollout.errors import RolloutServerError
 from polar.rollout.protocol import HarnessSpec, TaskSubmission
 from polar.rollout.server import RolloutServer
 from polar.rollout.server_app import ANSWERS, create_server_app
-from polar.testing.serverthread import ServerThread
+from polar.serverthread import ServerThread
 
 from support.agents import agent_task, shell_harness
 from support.rollout import CONTROL_TOKEN
