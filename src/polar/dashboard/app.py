@@ -43,6 +43,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from polar.bearer import bearer_token
 from polar.dashboard import pages, training
 from polar.dashboard.config import DashboardConfig
 from polar.dashboard.sources import (
@@ -115,11 +116,8 @@ def create_dashboard_app(config: DashboardConfig, tokenizer: Any) -> Starlette:
     def authorized(request: Request) -> bool:
         if token is None:  # open: no server, loopback only (DashboardConfig)
             return True
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(
-            given.strip().encode(), token.encode()
-        ):
+        given = bearer_token(request.headers.get("authorization", ""))
+        if given is not None and hmac.compare_digest(given.encode(), token.encode()):
             return True
         cookie = request.cookies.get(COOKIE, "")
         return hmac.compare_digest(cookie.encode(), session_cookie.encode())

@@ -48,6 +48,7 @@ import re
 from pathlib import Path
 from urllib.parse import parse_qs
 
+from polar.bearer import bearer_token
 from polar.runtime.base import GatewayAddress
 from polar.runtime.errors import RuntimeStartError
 from polar.runtime.http1 import (
@@ -220,8 +221,8 @@ class GatewayRelay:
             return 401, "no API key"
         expected = key.encode()
         for value in request.head.values(b"authorization"):
-            scheme, _, token = value.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), expected):
+            token = bearer_token(value)
+            if token is None or not hmac.compare_digest(token, expected):
                 return 401, "not this session's API key"
         for value in keys + in_query:
             if not hmac.compare_digest(value.strip(), expected):
