@@ -27,8 +27,9 @@ The contract:
 No loss scaling: bfloat16 has float32's exponent range, so gradients do not
 underflow the way float16's do.
 
-Imports nothing from Polar; torch and transformers are imported when used, so
-configs can name :class:`Precision` without loading torch.
+Imports nothing from Polar but the leaf :mod:`polar.causallm`; torch and
+transformers are imported when used, so configs can name :class:`Precision`
+without loading torch.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ import contextlib
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, assert_never
+
+from polar.causallm import load_causal_lm
 
 if TYPE_CHECKING:
     import torch
@@ -59,9 +62,7 @@ def master_dtype() -> torch.dtype:
 def load_master(path: Path) -> Any:
     """A Hugging Face causal LM from ``path`` with float32 weights (a bfloat16
     checkpoint is widened), ready to train at any :class:`Precision`."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=master_dtype())
+    return load_causal_lm(path, dtype=master_dtype())
 
 
 def autocast(precision: Precision, device: torch.device) -> contextlib.AbstractContextManager[Any]:

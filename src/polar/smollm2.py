@@ -44,13 +44,14 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from polar.atomicfile import atomic_directory
+from polar.causallm import load_causal_lm
 from polar.tokenizer import load_tokenizer
 
 SPEC_FILE = "polar-model.json"
@@ -180,11 +181,7 @@ def build_smollm2(
     gguf = gguf_path(source)
     if (digest := _sha256(gguf)) != source.sha256:
         raise ConversionError(f"{gguf}: SHA-256 {digest}, expected {source.sha256}")
-    # A fixed name: what a killed conversion left there is removed by the next.
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_directory(out) as tmp:
         started = time.monotonic()
         say(
             f"converting {gguf.name} ({source.package} {source.version}) to {out} "
@@ -197,10 +194,6 @@ def build_smollm2(
         )
         verify(tmp, verification)
         (tmp / SPEC_FILE).write_text(json.dumps(_marker(source), indent=2) + "\n")
-        _put_in_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
@@ -209,9 +202,7 @@ def _convert(gguf: Path, tmp: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-    )
+    loaded = load_causal_lm(gguf.parent, dtype=torch.float32, gguf_file=gguf.name)
     # The dequantized weights in a model of the same architecture without the GGUF
     # quantizer (transformers will not save a model it still counts as quantized).
     settings = {
@@ -242,17 +233,6 @@ def _convert(gguf: Path, tmp: Path) -> None:
     tokenizer.save_pretrained(str(tmp))
 
 
-def _put_in_place(tmp: Path, out: Path) -> None:
-    """Rename ``tmp`` to ``out``, an older ``out`` moved aside first (and removed
-    after), so that ``out`` is at every moment either the old directory or the new."""
-    old = out.with_name(f".{out.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def greedy_reply(model: Any, prompt_ids: list[int], *, max_tokens: int, stop_id: int) -> list[int]:
     """The argmax continuation of ``prompt_ids``, up to and including ``stop_id``."""
     import torch
@@ -277,7 +257,6 @@ def verify(model_dir: Path, verification: Verification = VERIFICATION) -> None:
     token ids, then its greedy reply. Raises :class:`ConversionError` naming the
     first difference."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     tokenizer = load_tokenizer(model_dir)
     prompt = list(
@@ -293,7 +272,7 @@ def verify(model_dir: Path, verification: Verification = VERIFICATION) -> None:
             f"{model_dir}: the verification prompt tokenizes to {prompt}, "
             f"expected {list(verification.prompt_ids)}"
         )
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model = load_causal_lm(model_dir, dtype=torch.float32)
     model.train(False)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     reply_ids = greedy_reply(model, prompt, max_tokens=verification.max_tokens, stop_id=end)

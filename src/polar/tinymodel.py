@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from polar.assets import QWEN3_TOKENIZER_DIR
+from polar.atomicfile import atomic_directory
 
 SPEC_FILE = "polar-model.json"
 VOCAB_SIZE = 151936  # Qwen3's embedding rows (the tokenizer's 151,669 ids, padded)
@@ -74,13 +75,9 @@ def build_tiny_model(
         pad_token_id=151643,
     )
     model = Qwen3ForCausalLM(config)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(tokenizer_dir / name, tmp / name)
-    (tmp / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with atomic_directory(out) as tmp:
+        model.save_pretrained(tmp)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(tokenizer_dir / name, tmp / name)
+        (tmp / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2) + "\n")
     return out

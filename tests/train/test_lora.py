@@ -21,7 +21,6 @@ from polar.proxy.engines.embedded import ModelRunner
 from polar.proxy.store import SqliteStore
 from polar.train.checkpoint import TrainState, save_checkpoint
 from polar.train.config import LoraSettings, TrainConfig
-from polar.train.logprobs import sequence_logprobs
 from polar.train.lora import export_merged
 from polar.train.policy import PolicySettings, load_policy, prepare, trainable
 from polar.train.step import LossSettings, StepSettings, train_step
@@ -29,6 +28,7 @@ from polar.train.trainer import Hooks, train
 from polar.train.weights import SHARED_MEMORY, push_directory, save_weights, weights_path
 from polar.train.weightsync import PushReport
 
+from support.logprobs import sequence_logprobs
 from support.rollout import CONTROL_TOKEN, RolloutStack
 from support.training import TALKER_HARNESS, EmbeddedEngine, greedy_next, talker_task
 

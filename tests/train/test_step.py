@@ -14,10 +14,11 @@ import torch
 from polar.precision import Precision, load_master
 from polar.train.batch import Row, advantages_of, group_from_result, microbatches, rows_of
 from polar.train.grpo import Aggregation, Baseline, MissingLogprob
-from polar.train.logprobs import sequence_logprobs, token_logprobs
+from polar.train.logprobs import token_logprobs
 from polar.train.policy import PolicySettings, prepare
 from polar.train.step import LossSettings, StepSettings, train_step
 
+from support.logprobs import sequence_logprobs
 from support.training import sample, session_result, task_result
 from support.weights import GradientWatch
 

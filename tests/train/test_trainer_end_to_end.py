@@ -41,10 +41,10 @@ from polar.ir import RecordStatus
 from polar.proxy.store import SqliteStore
 from polar.rollout.protocol import TaskStatus
 from polar.train.config import TrainConfig
-from polar.train.logprobs import sequence_logprobs
 from polar.train.trainer import Hooks, train
 from polar.train.weightsync import PushReport
 
+from support.logprobs import sequence_logprobs
 from support.rollout import CONTROL_TOKEN, RolloutStack
 from support.training import (
     TALKER_HARNESS,

@@ -24,11 +24,11 @@ from polar.precision import Precision, load_master
 from polar.proxy.engines.vllm_process import DEFAULT_ARGS, VllmProcess
 from polar.tinymodel import build_tiny_model
 from polar.train.config import LoraSettings
-from polar.train.logprobs import sequence_logprobs
 from polar.train.policy import PolicySettings, prepare
 from polar.train.reload import VllmReload
 from polar.train.weights import save_weights
 
+from support.logprobs import sequence_logprobs
 from support.paths import VLLM_PYTHON
 from support.training import greedy_next
 

@@ -13,8 +13,9 @@ from safetensors import safe_open
 
 from polar.precision import load_master
 from polar.proxy.engines.embedded import ModelRunner
-from polar.train.logprobs import sequence_logprobs
 from polar.train.weights import WeightFormat, push_directory, save_weights, weight_format
+
+from support.logprobs import sequence_logprobs
 
 PROBE = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]
 

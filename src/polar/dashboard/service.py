@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 from starlette.concurrency import run_in_threadpool
 
+from polar.bearer import bearer_token
 from polar.dashboard.config import DashboardConfig
 from polar.dashboard.sources import RecordSource, RolloutSource, SourceError, task_of_session
 from polar.dashboard.tokens import Built, Trajectories
@@ -80,8 +81,8 @@ class DashboardService:
         (each ``""`` when absent) may see the dashboard."""
         if self._token is None:
             return True
-        scheme, _, given = authorization.partition(" ")
-        if scheme.lower() == "bearer" and self.token_matches(given.strip()):
+        given = bearer_token(authorization)
+        if given is not None and self.token_matches(given):
             return True
         return hmac.compare_digest(cookie.encode(), self.session_cookie.encode())
 

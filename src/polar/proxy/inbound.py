@@ -23,6 +23,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
+from polar.bearer import bearer_token
 from polar.proxy.errors import BodyTooLarge, InvalidRequest
 
 M = TypeVar("M", bound=BaseModel)
@@ -76,11 +77,8 @@ def api_key_of(raw: RawHeaders, query: bytes = b"") -> str | None:
 
 
 def _bearer(auth: str | None) -> str | None:
-    if auth:
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
-    return None
+    """A non-empty Bearer token in ``auth``, if any."""
+    return (bearer_token(auth) or None) if auth else None
 
 
 @dataclass(frozen=True, slots=True)

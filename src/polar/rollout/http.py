@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from polar.bearer import bearer_token
 from polar.configfile import describe_error
 
 M = TypeVar("M", bound=BaseModel)
@@ -40,10 +41,7 @@ def error_response(error: ApiError) -> Response:
 def bearer(request: Request) -> bytes | None:
     """The request's ``Authorization: Bearer`` token as sent (bytes), if any."""
     raw = next((value for key, value in request.scope["headers"] if key == b"authorization"), None)
-    if raw is None:
-        return None
-    scheme, _, given = raw.partition(b" ")
-    return given.strip() if scheme.lower() == b"bearer" else None
+    return None if raw is None else bearer_token(raw)
 
 
 def token_matches(given: bytes | None, token: str) -> bool:

@@ -48,6 +48,7 @@ import re
 from pathlib import Path
 from urllib.parse import parse_qs
 
+from polar.bearer import bearer_token
 from polar.http1 import (
     CHUNK,
     MAX_HEAD_BYTES,
@@ -222,8 +223,8 @@ class GatewayRelay:
             return 401, "no API key"
         expected = key.encode()
         for value in request.head.values(b"authorization"):
-            scheme, _, token = value.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), expected):
+            token = bearer_token(value)
+            if token is None or not hmac.compare_digest(token, expected):
                 return 401, "not this session's API key"
         for value in keys + in_query:
             if not hmac.compare_digest(value.strip(), expected):

@@ -254,6 +254,3 @@ class Journal:
     def rollout_ids(self) -> dict[AttemptKey, str]:
         rows = self._db.execute("SELECT task, attempt, rollout_id FROM attempts").fetchall()
         return {AttemptKey(t, a): r for t, a, r in rows}
-
-    def incarnations(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM runs").fetchone()[0])

@@ -30,7 +30,6 @@ learning benchmark's warm start calls it.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from polar.atomicfile import atomic_directory
 from polar.device import DeviceError, check_device, resolve_device
 from polar.precision import Precision, autocast, default_precision, device_of, load_master
 from polar.sft.batching import Batch, collate, learning_rate, loss_sum, micro_batches, step_plan
@@ -179,13 +179,14 @@ def finetune(config: FinetuneConfig, *, progress: bool = False) -> FinetuneRepor
     steps_per_epoch = -(-len(kept) // config.batch_size)
     micro = config.micro_batch_size or config.batch_size
 
-    tmp = config.out.with_name(config.out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     losses: list[float] = []
     tokens = 0
     model.train()
-    with (tmp / LOSS_LOG).open("w", encoding="utf-8") as log, _bar(len(plan), progress) as bar:
+    with (
+        atomic_directory(config.out) as tmp,
+        (tmp / LOSS_LOG).open("w", encoding="utf-8") as log,
+        _bar(len(plan), progress) as bar,
+    ):
         for step, indices in enumerate(plan):
             # ---- the step: micro-batches whose token-summed losses share one denominator
             lr = learning_rate(step, base=config.learning_rate, warmup_steps=config.warmup_steps)
@@ -219,27 +220,27 @@ def finetune(config: FinetuneConfig, *, progress: bool = False) -> FinetuneRepor
             log.flush()
             bar(step, total)
 
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    report = FinetuneReport(
-        out=str(config.out),
-        steps=len(plan),
-        rows=len(kept),
-        rows_too_long=len(too_long),
-        rows_unlabelled=len(unlabelled),
-        tokens=tokens,
-        first_loss=losses[0] if losses else None,
-        last_loss=losses[-1] if losses else None,
-        device=str(device),
-        precision=precision.value,
-        seconds=round(time.monotonic() - started, 3),
-    )
-    (tmp / REPORT_FILE).write_text(
-        json.dumps({"config": config.model_dump(mode="json"), "report": asdict(report)}, indent=2)
-        + "\n"
-    )
-    shutil.rmtree(config.out, ignore_errors=True)
-    tmp.rename(config.out)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        report = FinetuneReport(
+            out=str(config.out),
+            steps=len(plan),
+            rows=len(kept),
+            rows_too_long=len(too_long),
+            rows_unlabelled=len(unlabelled),
+            tokens=tokens,
+            first_loss=losses[0] if losses else None,
+            last_loss=losses[-1] if losses else None,
+            device=str(device),
+            precision=precision.value,
+            seconds=round(time.monotonic() - started, 3),
+        )
+        (tmp / REPORT_FILE).write_text(
+            json.dumps(
+                {"config": config.model_dump(mode="json"), "report": asdict(report)}, indent=2
+            )
+            + "\n"
+        )
     return report
 
 

@@ -6,7 +6,7 @@ adapters, peft's files, for the run's base model), ``optimizer.pt``
 (optimizer and scheduler state), ``state.json`` (step, policy version, task
 cursor, counters, the torch RNG states: the CPU's, and each GPU's when the run
 had them). A checkpoint is written under a temporary name and renamed into
-place, so one that exists is complete.
+place (:func:`polar.atomicfile.atomic_directory`), so one that exists is complete.
 
 Devices: tensors are saved where they are and restored with ``map_location``
 onto the device of the optimizer's parameters (:func:`restore`), so a
@@ -17,7 +17,6 @@ states are restored only where there are GPUs to take them.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from polar.atomicfile import atomic_directory
 
 _NAME = re.compile(r"^step-(\d{6,})$")
 TOKENIZER_FILES = (
@@ -67,10 +68,7 @@ def save_checkpoint(
     root = checkpoint_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     out = root / f"step-{state.step:06d}"
-    tmp = root / f".step-{state.step:06d}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with atomic_directory(out) as tmp:
         model.save_pretrained(str(tmp / "model"))
         for name in TOKENIZER_FILES:
             if (tokenizer_dir / name).is_file():
@@ -83,11 +81,6 @@ def save_checkpoint(
         if torch.cuda.is_available():
             info["cuda_rng"] = [r.tolist() for r in torch.cuda.get_rng_state_all()]
         (tmp / "state.json").write_text(json.dumps(info) + "\n")
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     for old in list_checkpoints(output_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return out

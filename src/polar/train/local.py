@@ -65,11 +65,6 @@ class LocalStack:
         """The node gateway's record store (``polar records``, ``polar build``)."""
         return self.root / "records.db"
 
-    @property
-    def rollout_db(self) -> Path:
-        """The rollout server's store (``polar dashboard``)."""
-        return self.root / "rollout.db"
-
 
 @contextmanager
 def local_stack(settings: LocalSettings) -> Iterator[LocalStack]:

@@ -20,16 +20,12 @@ pass (activation checkpointing) rather than keeping ``[N, vocab]`` logits alive.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from polar.distribution import Settings, support
-from polar.ir import Distribution
-from polar.ir.behaviour import MODEL
-from polar.precision import device_of
 from polar.train.batch import MicroBatch
 
 
@@ -100,33 +96,3 @@ def token_logprobs(model: Any, batch: MicroBatch, *, chunk: int = 512) -> TokenL
         empty = torch.zeros(0, dtype=torch.float32, device=picked.device)
         return TokenLogprobs(empty, torch.zeros(0, dtype=torch.bool, device=picked.device))
     return TokenLogprobs(torch.cat(values), torch.cat(outside))
-
-
-def sequence_logprobs(
-    model: Any, ids: Sequence[int], start: int, *, sampling: Distribution = MODEL
-) -> list[float]:
-    """Logprobs of ``ids[start:]`` given what precedes each, for one sequence, under
-    ``sampling`` (comparisons with an engine's recorded logprobs)."""
-    if start < 1:
-        raise ValueError("start must be at least 1: the first token has no context")
-    input_ids = torch.tensor([list(ids)], dtype=torch.long)
-    n = len(ids) - start
-    batch = MicroBatch(
-        input_ids=input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        position_ids=torch.arange(len(ids)).unsqueeze(0),
-        rows=torch.zeros(n, dtype=torch.long),
-        cols=torch.arange(start - 1, len(ids) - 1, dtype=torch.long),
-        targets=torch.tensor(list(ids[start:]), dtype=torch.long),
-        rollout_logprobs=torch.zeros(n, dtype=torch.float64),
-        rollout_mask=torch.zeros(n, dtype=torch.bool),
-        advantages=torch.zeros(n),
-        weights=torch.zeros(n, dtype=torch.float64),
-        versions=torch.zeros(n, dtype=torch.long),
-        sampling=Settings.of([sampling] * n),
-        truncates=sampling.truncated,
-        tempered=sampling.temperature != 1.0,
-        tokens=len(ids),
-    )
-    with torch.no_grad():
-        return [float(v) for v in token_logprobs(model, batch.to(device_of(model))).values]

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from polar.atomicfile import atomic_directory
 from polar.train.checkpoint import TOKENIZER_FILES
 from polar.train.config import LoraSettings
 
@@ -81,13 +82,10 @@ def export_merged(model: Any, out: Path, *, tokenizer_dir: Path) -> Path:
     """Write the base model with ``model``'s adapters merged in to ``out`` (float32,
     tokenizer files copied from ``tokenizer_dir``), atomically. For the end of a
     run: ``model``'s base layers hold the merged weights afterwards."""
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     merged = model.merge_and_unload()
-    merged.save_pretrained(str(tmp))
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copyfile(tokenizer_dir / name, tmp / name)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with atomic_directory(out) as tmp:
+        merged.save_pretrained(str(tmp))
+        for name in TOKENIZER_FILES:
+            if (tokenizer_dir / name).is_file():
+                shutil.copyfile(tokenizer_dir / name, tmp / name)
     return out

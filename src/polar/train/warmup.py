@@ -42,6 +42,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from polar.atomicfile import atomic_directory
+from polar.causallm import load_causal_lm
 from polar.ir import Message, Role, TextPart, ToolCall, ToolSpec
 from polar.proxy.render.template import ChatTemplate
 
@@ -320,7 +322,6 @@ def warm_up(
     if is_warmed(out, spec, base, rehearsed_from):
         return {"kept": str(out)}
     import torch
-    from transformers import AutoModelForCausalLM
 
     from polar.tokenizer import load_tokenizer
 
@@ -335,7 +336,7 @@ def warm_up(
     # Rehearsed calls teach the format on their own; the synthetic dialogues only
     # when there are none (the demo's model).
     data = [] if long else examples(ChatTemplate(tokenizer))
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    model = load_causal_lm(base, dtype=torch.float32)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate)
     last = spec.max_steps if long else spec.steps
@@ -385,23 +386,20 @@ def warm_up(
             kvs = frozen_prefixes(model, [example.prefix for example in long])
             _, tempered = output_logprobs(model, long, kvs, spec.temperature)
             worst = math.exp(min(float(lp.min()) for lp in tempered))
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(base / name, tmp / name)
-    if long:
-        sampling = model.generation_config
-        sampling.do_sample = True
-        sampling.temperature, sampling.top_p, sampling.top_k = (
-            spec.temperature,
-            spec.top_p,
-            spec.top_k,
-        )
-        sampling.save_pretrained(tmp)
-    (tmp / SPEC_FILE).write_text(json.dumps(_marker(spec, base, rehearsed_from)) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with atomic_directory(out) as tmp:
+        model.save_pretrained(tmp)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(base / name, tmp / name)
+        if long:
+            sampling = model.generation_config
+            sampling.do_sample = True
+            sampling.temperature, sampling.top_p, sampling.top_k = (
+                spec.temperature,
+                spec.top_p,
+                spec.top_k,
+            )
+            sampling.save_pretrained(tmp)
+        (tmp / SPEC_FILE).write_text(json.dumps(_marker(spec, base, rehearsed_from)) + "\n")
     report: dict[str, Any] = {
         "built": str(out),
         "steps": len(losses),

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from polar.atomicfile import atomic_directory
 from polar.loopback import is_loopback
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
@@ -95,19 +96,11 @@ def save_weights(
     """Write ``model``'s weights (only its adapters for a peft model) as policy
     ``version``; returns the directory."""
     out = weights_path(directory, version)
-    tmp = directory / f".v{version}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_directory(out) as tmp:
         if hasattr(model, "peft_config"):
             model.save_pretrained(str(tmp))  # adapter_model.safetensors, adapter_config.json
         else:
             _save_full(model, tmp, fmt)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -297,10 +297,11 @@ def test_a_weight_push_reaches_vllm_and_aborts_no_call(
     from transformers import AutoModelForCausalLM
 
     from polar.train.config import GatewayTarget
-    from polar.train.logprobs import sequence_logprobs
     from polar.train.reload import VllmReload
     from polar.train.weights import save_weights
     from polar.train.weightsync import GatewayAdmin, WeightSync
+
+    from support.logprobs import sequence_logprobs
 
     server, db = gateway
     fixed = list(tokenizer.encode("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"))

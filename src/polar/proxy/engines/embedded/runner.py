@@ -53,6 +53,7 @@ from typing import Any, Literal
 import torch
 
 from polar.adapters import is_adapter, read_adapter
+from polar.causallm import load_causal_lm
 from polar.distribution import Settings, processed_logits
 from polar.ir import Distribution
 from polar.ir.behaviour import GREEDY_BELOW
@@ -190,8 +191,6 @@ class ModelRunner:
         (:func:`sample`); default: on a GPU only."""
         if prefill_chunk < 1:
             raise ValueError("prefill_chunk must be at least 1")
-        from transformers import AutoModelForCausalLM
-
         if threads:
             torch.set_num_threads(threads)
         self.model_dir = model_dir
@@ -200,7 +199,7 @@ class ModelRunner:
         self.batch_sampling = (
             self.device.type != "cpu" if batch_sampling is None else batch_sampling
         )
-        model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype)
+        model: Any = load_causal_lm(model_dir, dtype=self.dtype)
         self.model = model.to(self.device)
         self.model.train(False)  # inference mode: no dropout
         config = self.model.config
