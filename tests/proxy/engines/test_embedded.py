@@ -303,6 +303,31 @@ def test_stop_tokens_end_generation(runner: ModelRunner) -> None:
     assert steps[0].finish == "stop"
 
 
+def test_a_matched_stop_token_is_named_whole_and_streamed(engine: str) -> None:
+    """vLLM names a stop token id that ended the turn in ``stop_reason`` (not an
+    EOS), whole and on the finishing stream event: the gateway reads it there."""
+    stop = 1234
+    body = {
+        "model": "tiny",
+        "prompt": PROMPT,
+        "max_tokens": 5,
+        "seed": 3,
+        "stop_token_ids": [stop],
+        "logit_bias": {str(stop): 50.0},
+        "return_token_ids": True,
+    }
+    choice = httpx.post(f"{engine}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    assert (choice["token_ids"], choice["finish_reason"], choice["stop_reason"]) == (
+        [stop],
+        "stop",
+        stop,
+    )
+    with httpx.stream("POST", f"{engine}/v1/completions", json={**body, "stream": True}) as reply:
+        lines = [line for line in reply.iter_lines() if line.startswith("data: {")]
+    last = json.loads(lines[-1][6:])["choices"][0]
+    assert (last["finish_reason"], last["stop_reason"]) == ("stop", stop)
+
+
 def test_completions_api_speaks_vllms_token_in_format(engine: str, runner: ModelRunner) -> None:
     body = {
         "model": "tiny",

@@ -150,7 +150,9 @@ async def _completions(request: Request) -> Response:
     served.runner.submit(job)
     head = wire.head("text_completion", served.name)
     if req.stream:
-        return StreamingResponse(_stream(job, queue, head, req), media_type="text/event-stream")
+        return StreamingResponse(
+            _stream(job, queue, head, req, served.runner), media_type="text/event-stream"
+        )
     return await _whole(job, queue, head, req, served.runner)
 
 
@@ -272,7 +274,11 @@ def _stop_reason(ids: list[int], step: Step, req: CompletionRequest, runner: Mod
 
 
 async def _stream(
-    job: Job, queue: asyncio.Queue[Step], head: dict[str, Any], req: CompletionRequest
+    job: Job,
+    queue: asyncio.Queue[Step],
+    head: dict[str, Any],
+    req: CompletionRequest,
+    runner: ModelRunner,
 ) -> AsyncIterator[bytes]:
     want_logprobs = req.logprobs is not None
     produced = 0
@@ -290,7 +296,7 @@ async def _stream(
                 text="",
                 logprobs=_logprobs(ids, values) if want_logprobs else None,
                 finish_reason=step.finish,
-                stop_reason=None,
+                stop_reason=_stop_reason(ids, step, req, runner),  # on the finishing event
                 prompt_token_ids=req.prompt if produced <= 1 and ids else None,
                 token_ids=ids,
             )
