@@ -30,6 +30,8 @@ LAYERS: tuple[frozenset[str], ...] = (
             "adapters",
             "assets",
             "atomicfile",
+            "bearer",
+            "causallm",
             "configfile",
             "device",
             "distribution",
