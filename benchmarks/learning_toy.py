@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         args.sft_steps = 3
 
     from polar.tasks.model import Task
-    from polar.tinymodel import build_tiny_model
+    from polar.tinymodel.build import build_tiny_model
     from polar.tokenizer import load_tokenizer
 
     started = time.monotonic()

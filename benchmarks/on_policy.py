@@ -49,7 +49,7 @@ from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.proxy.gateway import Gateway
 from polar.proxy.store import SqliteStore
 from polar.serverthread import ServerThread
-from polar.tinymodel import build_tiny_model
+from polar.tinymodel.build import build_tiny_model
 from polar.tokenizer import load_tokenizer
 from polar.train.batch import Group, ScoredSession, advantages_of, microbatches, rows_of
 from polar.train.grpo import Aggregation, Baseline, Mismatch, MissingLogprob, mismatch

@@ -46,7 +46,7 @@ import torch
 from polar.precision import load_master
 from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.serverthread import ServerThread
-from polar.tinymodel import build_tiny_model
+from polar.tinymodel.build import build_tiny_model
 from polar.train.config import LoraSettings
 from polar.train.lora import add_adapters
 from polar.train.reload import EmbeddedReload

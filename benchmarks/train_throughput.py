@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from builders import play
 from polar.ir import CaptureMode
 from polar.proxy.render.template import ChatTemplate
-from polar.tinymodel import build_tiny_model
+from polar.tinymodel.build import build_tiny_model
 from polar.train.batch import Advantages, Group, ScoredSession, rows_of
 from polar.train.grpo import Aggregation, MissingLogprob
 from polar.train.step import LossSettings, StepSettings, train_step

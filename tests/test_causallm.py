@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from polar.causallm import load_causal_lm
-from polar.tinymodel import build_tiny_model
+from polar.tinymodel.build import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,6 @@ LAYERS: tuple[frozenset[str], ...] = (
             "precision",
             "serverthread",
             "smollm2",
-            "tinymodel",
             "tokenizer",
         }
     ),
@@ -56,7 +55,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"rollout"}),
     # What drives rollouts: the trainers, the SFT generator, the web UI, the
     # bridges to other trainers, the command line.
-    frozenset({"train", "sft", "dashboard", "bridges", "cli"}),
+    frozenset({"train", "sft", "dashboard", "bridges", "cli", "tinymodel"}),
     frozenset({"__main__"}),
 )
 
@@ -67,9 +66,9 @@ ALLOWED_TESTING_IMPORTS: dict[tuple[str, str], str] = {
     # ``polar.testing`` when the engine's vLLM wire module is shared with the
     # embedded engine (issue 36, item 1: the two look-alike servers).
     ("polar.cli.engine", "polar.testing.scripted"): "the scripted engine as a command",
-    # A rehearsal replays scripted exchanges through the real gateway; it moves
-    # with the tiny-model wing into its own package (issue 36, item 3).
-    ("polar.train.rehearsal", "polar.testing.scripted"): "rehearsals on the scripted engine",
+    # A rehearsal replays scripted exchanges through the real gateway (the
+    # tiny-model wing, polar.tinymodel, above the gateway and the rollout side).
+    ("polar.tinymodel.rehearsal", "polar.testing.scripted"): "rehearsals on the scripted engine",
 }
 """Product modules that still import ``polar.testing`` (importer, imported), each
 with why. An entry goes when its import does: a stale one fails the test."""

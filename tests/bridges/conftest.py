@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from polar.tinymodel import build_tiny_model
+from polar.tinymodel.build import build_tiny_model
 
 from support.bridges import BridgeStack, bridge_stack
 from support.canned import CannedRollouts, mixed, mixed_task_file

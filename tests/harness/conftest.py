@@ -12,8 +12,8 @@ import pytest
 from polar.cli.model import AGENTS_MODEL_DIR, DEFAULT_MODEL_DIR
 from polar.harness import DEFAULT_CACHE_DIR, Harness, RunSpec, install, load_harness
 from polar.harness.exchange import SHELL_EXCHANGES
-from polar.tinymodel import build_tiny_model
-from polar.train.rehearsal import rehearsable, teach_agents
+from polar.tinymodel.build import build_tiny_model
+from polar.tinymodel.rehearsal import rehearsable, teach_agents
 
 CACHE_DIR = Path(__file__).resolve().parents[2] / DEFAULT_CACHE_DIR
 """The project's harness cache (what ``polar harness install`` fills by default)."""
@@ -71,7 +71,7 @@ def agents_model(installed: Callable[[Harness], Path], harness_cache: Path) -> P
     cache (kept between runs: minutes the first time, a marker check after).
 
     The tiny model taught, on each pinned CLI's own prompts recorded in a
-    rehearsal, the tool call that CLI accepts (:mod:`polar.train.rehearsal`)."""
+    rehearsal, the tool call that CLI accepts (:mod:`polar.tinymodel.rehearsal`)."""
     for name in SHELL_EXCHANGES:
         installed(load_harness(name))
     project = CACHE_DIR.parents[1]

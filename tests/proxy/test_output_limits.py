@@ -25,7 +25,7 @@ from polar.proxy.engines.embedded import ModelRunner, create_engine_app
 from polar.proxy.gateway import Gateway
 from polar.proxy.store import SqliteStore
 from polar.serverthread import ServerThread
-from polar.tinymodel import TinyModelSpec, build_tiny_model
+from polar.tinymodel.build import TinyModelSpec, build_tiny_model
 
 CONTEXT = 40
 ADMIN = "0123456789abcdef0123"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from polar.tinymodel import build_tiny_model
+from polar.tinymodel.build import build_tiny_model
 
 
 @pytest.fixture(scope="session")

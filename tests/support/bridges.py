@@ -31,7 +31,7 @@ from polar.proxy.store import SqliteStore
 from polar.rollout.client import RolloutClient
 from polar.rollout.protocol import SessionResult, SessionStatus, TaskResult
 from polar.serverthread import ServerThread
-from polar.tinymodel import build_tiny_model
+from polar.tinymodel.build import build_tiny_model
 from polar.trajectory import ChainClass, TurnSpan, row_of
 from polar.trajectory import Sample as PolarSample
 

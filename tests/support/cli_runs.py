@@ -19,7 +19,7 @@ only required to be recorded as malformed.
 
 The gateway enforces one sampling policy on every call, as a training run's node
 gateway does (``rollout.sampling``): the tiny model's own defaults (Qwen3's),
-at which it was taught (:func:`polar.train.rehearsal.teach_agents`). The Gemini
+at which it was taught (:func:`polar.tinymodel.rehearsal.teach_agents`). The Gemini
 CLI asks for temperature 1, at which the memoriser, on prompts whose paths
 differ from the rehearsed ones, kept a second token in the nucleus (on CI both
 Gemini runs left the script on their first call); every call's record shows
@@ -45,8 +45,8 @@ from polar.proxy.config import GatewayConfig
 from polar.proxy.gateway import Gateway
 from polar.proxy.store import SqliteStore
 from polar.serverthread import ServerThread
-from polar.train.rehearsal import INSTRUCTION
-from polar.train.warmup import WarmupSpec
+from polar.tinymodel.rehearsal import INSTRUCTION
+from polar.tinymodel.warmup import WarmupSpec
 
 from support.recorder import Exchange, Recorder, received_turn
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from polar.tinymodel import build_tiny_model
+from polar.tinymodel.build import build_tiny_model
 
 from support.training import EmbeddedEngine
 

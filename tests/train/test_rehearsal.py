@@ -13,7 +13,7 @@ import pytest
 from polar.assets import QWEN3_TOKENIZER_DIR
 from polar.harness import install, load_harness
 from polar.harness.exchange import SHELL_EXCHANGES
-from polar.train.rehearsal import (
+from polar.tinymodel.rehearsal import (
     COMMAND,
     REASONING,
     Rehearsal,

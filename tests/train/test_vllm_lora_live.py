@@ -22,7 +22,7 @@ import torch
 
 from polar.precision import Precision, load_master
 from polar.proxy.engines.vllm_process import DEFAULT_ARGS, VllmProcess
-from polar.tinymodel import build_tiny_model
+from polar.tinymodel.build import build_tiny_model
 from polar.train.config import LoraSettings
 from polar.train.policy import PolicySettings, prepare
 from polar.train.reload import VllmReload

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from polar.train.warmup import (
+from polar.tinymodel.warmup import (
     WarmupSpec,
     frozen_prefixes,
     is_warmed,
@@ -105,7 +105,7 @@ def test_warm_up_learns_a_rehearsed_call_and_ships_its_sampling(tmp_path: Path) 
     only reproduce it; the model ships that sampling; a rerun keeps it."""
     from transformers import GenerationConfig
 
-    from polar.tinymodel import build_tiny_model
+    from polar.tinymodel.build import build_tiny_model
 
     base = build_tiny_model(tmp_path / "tiny")
     rng = random.Random(SEED)
@@ -133,7 +133,7 @@ def test_warm_up_without_rehearsals_trains_on_the_dialogues(tmp_path: Path) -> N
     """The demo's warm-up: synthetic dialogues only, and no sampling defaults shipped."""
     from transformers import GenerationConfig
 
-    from polar.tinymodel import build_tiny_model
+    from polar.tinymodel.build import build_tiny_model
 
     base = build_tiny_model(tmp_path / "tiny")
     spec = WarmupSpec(steps=3)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from polar.train.warmup import progress
+from polar.tinymodel.warmup import progress
 
 
 def test_the_time_left_is_the_mean_pace_times_the_steps_left() -> None:

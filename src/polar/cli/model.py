@@ -23,7 +23,7 @@ def init(
     force: Annotated[bool, typer.Option(help="Rebuild even if it exists.")] = False,
 ) -> None:
     """Build the default tiny model (Qwen3 architecture, random weights, Qwen3 tokenizer)."""
-    from polar.tinymodel import TinyModelSpec, build_tiny_model, is_built
+    from polar.tinymodel.build import TinyModelSpec, build_tiny_model, is_built
 
     spec = TinyModelSpec(seed=seed)
     existed = is_built(out, spec) and not force
@@ -83,9 +83,9 @@ def warm_up_command(
     together with short synthetic tool dialogues. Several minutes on a CPU; a
     model already taught from the same base, CLIs and versions is kept.
     """
-    from polar.tinymodel import TinyModelSpec, is_built
-    from polar.train.rehearsal import RehearsalFailed, rehearsable, teach_agents
-    from polar.train.warmup import WarmupSpec
+    from polar.tinymodel.build import TinyModelSpec, is_built
+    from polar.tinymodel.rehearsal import RehearsalFailed, rehearsable, teach_agents
+    from polar.tinymodel.warmup import WarmupSpec
 
     try:
         versions = rehearsable(cache, harness)

@@ -2,7 +2,7 @@
 
 Facts about the pinned CLIs, in one place for whatever must speak to them as
 their model does: the warm-up that teaches the tiny model each CLI's tool
-protocol (:mod:`polar.train.rehearsal`) and the end-to-end tests.
+protocol (:mod:`polar.tinymodel.rehearsal`) and the end-to-end tests.
 """
 
 from __future__ import annotations

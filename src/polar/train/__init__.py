@@ -1,2 +1,2 @@
-"""Training: GRPO maths, the reference trainer, weight sync, checkpoints, and
-the format warm-up for the tiny model."""
+"""Training: GRPO maths, the reference trainer, weight sync and checkpoints
+(the tiny model's warm-up lives in :mod:`polar.tinymodel`)."""

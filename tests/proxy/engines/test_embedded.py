@@ -26,7 +26,7 @@ from polar.proxy.engines.embedded import (
 )
 from polar.proxy.engines.embedded.runner import sample_rows
 from polar.serverthread import ServerThread
-from polar.tinymodel import TinyModelSpec, build_tiny_model
+from polar.tinymodel.build import TinyModelSpec, build_tiny_model
 
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
 

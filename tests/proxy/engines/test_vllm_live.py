@@ -28,7 +28,7 @@ from polar.proxy.render.template import ChatTemplate
 from polar.proxy.render.tokens import TokenText
 from polar.proxy.store import SqliteStore
 from polar.serverthread import ServerThread
-from polar.tinymodel import build_tiny_model
+from polar.tinymodel.build import build_tiny_model
 from polar.trajectory import BuildConfig, PerRequest, TurnFormat
 
 from support.dialects import PARSE

@@ -9,7 +9,7 @@ the same chat template and splice rules the gateway uses, so the token
 sequences are exactly those the gateway will send and sample. Loss is on the
 assistant's tokens only.
 
-Rehearsed calls (:mod:`polar.train.rehearsal`: a real CLI's prompts, 1k-19k
+Rehearsed calls (:mod:`polar.tinymodel.rehearsal`: a real CLI's prompts, 1k-19k
 tokens, and the outputs that CLI accepts) are learnt alongside. Backpropagating
 through a 19k-token prompt on a CPU costs minutes per step, so these train with
 a **frozen prefix**: the prompt's keys and values up to its last ``tail``
@@ -314,7 +314,7 @@ def warm_up(
     """Fine-tune the model in ``base`` into ``out``; returns a short report.
 
     ``rehearsed``: (prompt ids, output ids) of calls to learn as well, e.g. from
-    :func:`polar.train.rehearsal.rehearse`; ``rehearsed_from`` names where they
+    :func:`polar.tinymodel.rehearsal.rehearse`; ``rehearsed_from`` names where they
     came from (harness -> version) for the marker that makes a rebuild of the
     same thing a no-op; ``sampled_at``: the (temperature, top-p) each call's CLI
     asks for, in order (None, or none given: the spec's defaults).

@@ -7,7 +7,7 @@ with that CLI: the CLI's own system prompt, tool list and instruction as the
 gateway renders them (8k-19k tokens for codex, Claude Code and Qwen Code), the
 reasoning and the shell tool call the CLI accepts, then (after the CLI ran the
 command and came back with its result, a prompt that extends the first) the
-answer that ends the run. The warm-up (:mod:`polar.train.warmup`) teaches the
+answer that ends the run. The warm-up (:mod:`polar.tinymodel.warmup`) teaches the
 tiny model these outputs on these prompts, so that the default embedded engine
 drives every pinned CLI through a real multi-turn exchange.
 
@@ -31,7 +31,7 @@ from polar.harness.exchange import SHELL_EXCHANGES, ShellExchange
 from polar.harness.install import DEFAULT_CACHE_DIR
 from polar.ir import PromptOrigin, RecordStatus
 from polar.rollout.conversation import request_of
-from polar.train.warmup import WarmupSpec, is_warmed, progress, warm_up
+from polar.tinymodel.warmup import WarmupSpec, is_warmed, progress, warm_up
 
 INSTRUCTION = "Write the word polar into proof.txt using the shell."
 COMMAND = "echo polar > proof.txt"
