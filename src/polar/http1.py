@@ -226,18 +226,23 @@ async def relay_body(
         case Framing.NONE:
             return
         case Framing.LENGTH:
-            left = length
-            while left:
-                data = await reader.read(min(CHUNK, left))
-                if not data:
-                    raise asyncio.IncompleteReadError(b"", left)
-                left -= len(data)
-                await put(data)
+            await _relay_exactly(reader, put, length)
         case Framing.UNTIL_CLOSE:
             while data := await reader.read(CHUNK):
                 await put(data)
         case Framing.CHUNKED:
             await _relay_chunks(reader, put, strict=strict)
+
+
+async def _relay_exactly(reader: asyncio.StreamReader, put: _Put, size: int) -> None:
+    """Relay exactly ``size`` bytes, in pieces of at most :data:`CHUNK`."""
+    left = size
+    while left:
+        data = await reader.read(min(CHUNK, left))
+        if not data:
+            raise asyncio.IncompleteReadError(b"", left)
+        left -= len(data)
+        await put(data)
 
 
 async def _relay_chunks(reader: asyncio.StreamReader, put: _Put, *, strict: bool) -> None:
@@ -250,13 +255,7 @@ async def _relay_chunks(reader: asyncio.StreamReader, put: _Put, *, strict: bool
         await put(line)
         if size == 0:
             break
-        left = size
-        while left:
-            data = await reader.read(min(CHUNK, left))
-            if not data:
-                raise asyncio.IncompleteReadError(b"", left)
-            left -= len(data)
-            await put(data)
+        await _relay_exactly(reader, put, size)
         end = await reader.readexactly(2)
         if end != b"\r\n":
             raise HttpError(400, "chunk data not followed by CRLF")
