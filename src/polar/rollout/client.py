@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +27,10 @@ class RolloutError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class Abandoned(Exception):
+    """A wait given up by its caller (:meth:`RolloutClient.wait`'s ``abandon``)."""
 
 
 class RolloutClient:
@@ -75,15 +80,27 @@ class RolloutClient:
             return TaskView.model_validate_json(reply.content)
         return TaskResult.model_validate_json(reply.content)
 
-    def wait(self, task_id: str, timeout_s: float) -> TaskResult:
+    def wait(
+        self,
+        task_id: str,
+        timeout_s: float,
+        *,
+        abandon: threading.Event | None = None,
+        poll_s: float = 60.0,
+    ) -> TaskResult:
+        """The task's result, asking the server every ``poll_s`` at most (a long
+        poll); :class:`TimeoutError` after ``timeout_s``, :class:`Abandoned` once
+        ``abandon`` is set (checked between polls)."""
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
-            outcome = self.result(task_id, wait_s=max(0.0, min(60.0, left)))
+            outcome = self.result(task_id, wait_s=max(0.0, min(poll_s, left)))
             if isinstance(outcome, TaskResult):
                 return outcome
             if left <= 0:
                 raise TimeoutError(f"task {task_id} still {outcome.status.value}")
+            if abandon is not None and abandon.is_set():
+                raise Abandoned(f"stopped waiting for task {task_id} ({outcome.status.value})")
 
     def nodes(self) -> list[dict[str, Any]]:
         nodes: list[dict[str, Any]] = self._call("GET", "/nodes").json()

@@ -25,6 +25,12 @@ from polar.rollout.client import RolloutClient, RolloutError
 from polar.rollout.protocol import HarnessSpec, TaskResult, TaskSubmission
 from polar.tasks.model import Task
 
+CLOSE_POLL_S = 5.0
+"""How often a thread waiting for a group asks whether the feed closed: a closing
+trainer waits at most this long (plus one request) for the groups it cancelled,
+never for a group the server does not finish (a cancellation that did not reach
+a node, a session stuck in a sandbox)."""
+
 
 @dataclass(frozen=True, slots=True)
 class TaskOrder:
@@ -76,6 +82,7 @@ class RolloutFeed:
         self._clients: list[RolloutClient] = [self._client]
         self._lock = threading.Lock()
         self._pending: dict[Future[TaskResult], str] = {}
+        self._closing = threading.Event()
 
     @property
     def pending(self) -> int:
@@ -108,16 +115,17 @@ class RolloutFeed:
         del self._pending[future]
         return future.result()
 
-    def close(self, *, cancel: bool = True) -> list[str]:
-        """Stop waiting; cancel the groups still generating (returns their task ids)."""
+    def close(self) -> list[str]:
+        """Cancel the groups still generating and stop waiting for them (returns
+        their task ids). Returns within one poll (``CLOSE_POLL_S``) of the
+        cancellations, whether or not the server has finished them by then."""
         left = list(self._pending.values())
-        if cancel:
-            for task_id in left:
-                with contextlib.suppress(RolloutError):
-                    self._client.cancel(task_id)
+        for task_id in left:
+            with contextlib.suppress(RolloutError):
+                self._client.cancel(task_id)
         self._pending.clear()
-        # cancelled tasks finish at once, so their waiting threads return
-        self._pool.shutdown(wait=cancel, cancel_futures=True)
+        self._closing.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             for client in self._clients:
                 client.close()
@@ -129,7 +137,9 @@ class RolloutFeed:
             client = self._local.client = self._connect()
             with self._lock:
                 self._clients.append(client)
-        return client.wait(task_id, self._request.wait_s)
+        return client.wait(
+            task_id, self._request.wait_s, abandon=self._closing, poll_s=CLOSE_POLL_S
+        )
 
 
 def task_order(tasks: Sequence[Task], *, seed: int, shuffle: bool) -> TaskOrder:
