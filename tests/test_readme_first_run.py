@@ -15,10 +15,14 @@ checkout's (the README's paths are relative to the repository root).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +45,52 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
     return port
+
+
+def run_to_the_end(script: str, cwd: Path, *, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """``bash -c script`` in its own process group. Past ``timeout_s``, every Python
+    process of the group prints its threads' stacks (``PYTHONFAULTHANDLER`` and
+    SIGABRT) before the group is killed, so the failure says where it was stuck."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+    with subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=timeout_s)
+            return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            for pid in group_members(process.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGABRT)
+            time.sleep(3)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+    stamp = time.strftime("%H:%M:%S")
+    return subprocess.CompletedProcess(
+        process.args, -1, out, f"{err}\n[{stamp}] timed out after {timeout_s:g} s"
+    )
+
+
+def group_members(group: int) -> list[int]:
+    """The Python processes of process group ``group``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes()
+            if int(fields[2]) == group and b"python" in command:
+                members.append(int(entry.name))
+    return members
 
 
 def test_the_readme_section_is_four_blocks_ending_in_the_dashboard() -> None:
@@ -78,22 +128,15 @@ def test_the_first_rl_run_reaches_a_training_step_with_a_gradient(tmp_path: Path
     )
     for name in (".venv", ".cache"):
         (tmp_path / name).symlink_to(PROJECT / name)
-    done = subprocess.run(
-        ["bash", "-c", whole],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        stdin=subprocess.DEVNULL,
-    )
+    done = run_to_the_end(whole, tmp_path, timeout_s=1200)
     first = tmp_path / "runs" / "first"
     logs = {
-        name: (first / name).read_text()[-2000:]
+        name: (first / name).read_text()[-6000:]
         for name in ("engine.log", "serve.log", "dashboard.log")
         if (first / name).is_file()
     }
     context = (whole, done.stdout[-4000:], done.stderr[-4000:], logs)
-    print(whole, done.stdout[-8000:], done.stderr[-4000:], sep="\n")  # shown on failure
+    print(whole, done.stdout[-8000:], done.stderr[-12000:], sep="\n")  # shown on failure
     assert done.returncode == 0, context
     # polar submit printed both held-out tasks' groups, scored
     assert "pyfuncs/add/k16" in done.stdout and "pyfuncs/count-greater/k1" in done.stdout, context
