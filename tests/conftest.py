@@ -13,10 +13,26 @@ from polar.proxy.render.template import ChatTemplate
 from polar.testing.scripted import Script, SessionScripts, script_from_dict
 from polar.tokenizer import load_tokenizer
 
+from support import agents_model
 from support.paths import FIXTURES, REPO, SHARED
 from support.stack import Stack
 
 __all__ = ["FIXTURES", "REPO", "SHARED"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests driving the taught tiny model run last, and its build starts now, in
+    the background (:mod:`support.agents_model`)."""
+    taught = [item for item in items if "agents_model" in getattr(item, "fixturenames", ())]
+    if not taught or config.option.collectonly:
+        return
+    last = set(taught)
+    items[:] = [item for item in items if item not in last] + taught
+    agents_model.start()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    agents_model.stop()
 
 
 @pytest.fixture(scope="session")

@@ -9,11 +9,9 @@ from typing import Any
 
 import pytest
 
-from polar.cli.model import AGENTS_MODEL_DIR, DEFAULT_MODEL_DIR
-from polar.harness import DEFAULT_CACHE_DIR, Harness, RunSpec, install, load_harness
-from polar.harness.exchange import SHELL_EXCHANGES
-from polar.tinymodel.build import build_tiny_model
-from polar.tinymodel.rehearsal import rehearsable, teach_agents
+from polar.harness import DEFAULT_CACHE_DIR, Harness, RunSpec, install
+
+from support import agents_model as agents_model_build
 
 CACHE_DIR = Path(__file__).resolve().parents[2] / DEFAULT_CACHE_DIR
 """The project's harness cache (what ``polar harness install`` fills by default)."""
@@ -66,18 +64,12 @@ def make_spec(tmp_path: Path) -> Callable[..., RunSpec]:
 
 
 @pytest.fixture(scope="session")
-def agents_model(installed: Callable[[Harness], Path], harness_cache: Path) -> Path:
+def agents_model() -> Path:
     """What ``polar model init`` + ``polar model warm-up`` build, in the project's
     cache (kept between runs: minutes the first time, a marker check after).
 
     The tiny model taught, on each pinned CLI's own prompts recorded in a
-    rehearsal, the tool call that CLI accepts (:mod:`polar.tinymodel.rehearsal`)."""
-    for name in SHELL_EXCHANGES:
-        installed(load_harness(name))
-    project = CACHE_DIR.parents[1]
-    base = build_tiny_model(project / DEFAULT_MODEL_DIR)
-    versions = rehearsable(harness_cache)
-    assert set(versions) == set(SHELL_EXCHANGES), versions
-    out = project / AGENTS_MODEL_DIR
-    print(f"agents model: {teach_agents(base, out, versions, cache_dir=harness_cache)}")
-    return out
+    rehearsal, the tool call that CLI accepts (:mod:`polar.tinymodel.rehearsal`).
+    Built in the background while the rest of the suite runs
+    (:mod:`support.agents_model`); the tests using it run last."""
+    return agents_model_build.wait()
