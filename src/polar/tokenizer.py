@@ -13,24 +13,67 @@ seconds of a short command such as ``polar build``) to learn the same class.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from polar.assets import QWEN3_TOKENIZER_DIR
+
+
+class Tokenizer(Protocol):
+    """What Polar uses of a Hugging Face tokenizer, typed (``transformers`` ships
+    none that mypy reads). :func:`load_tokenizer` returns one; a test's stand-in
+    needs only the members its code path calls."""
+
+    model_max_length: int
+
+    @property
+    def eos_token(self) -> str | None: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def pad_token_id(self) -> int | None: ...
+
+    @property
+    def special_tokens_map(self) -> Mapping[str, Any]: ...
+
+    @property
+    def added_tokens_decoder(self) -> Mapping[int, Any]:
+        """Added token id -> its ``AddedToken`` (``.content``, ``.special``)."""
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
+
+    def convert_tokens_to_ids(self, tokens: str) -> int: ...
+
+    def get_vocab(self) -> dict[str, int]: ...
+
+    def apply_chat_template(self, conversation: Any, **options: Any) -> Any:
+        """Token ids (``tokenize=True``) or text (``tokenize=False``)."""
+
+    def get_chat_template(
+        self, chat_template: str | None = None, tools: list[dict[str, Any]] | None = None
+    ) -> str: ...
+
+    def save_pretrained(self, save_directory: str | Path) -> Any: ...
 
 
 class TokenizerLoadError(ValueError):
     """No tokenizer could be loaded from the path; the message is one line."""
 
 
-def load_tokenizer(path: Path | str | None = None) -> Any:
+def load_tokenizer(path: Path | str | None = None) -> Tokenizer:
     """The tokenizer (with its chat template) in ``path``, else Polar's own Qwen3 one.
 
     Raises :class:`TokenizerLoadError` (one line, naming the path) when there is
     none to load there."""
     directory = Path(QWEN3_TOKENIZER_DIR if path is None else path)
     try:
-        return _tokenizer_class(directory).from_pretrained(str(directory))
+        tokenizer: Tokenizer = _tokenizer_class(directory).from_pretrained(str(directory))
+        return tokenizer
     except (OSError, ValueError) as exc:
         raise TokenizerLoadError(
             f"cannot load a tokenizer from {directory} ({_first_line(exc)})"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 import yaml
@@ -13,6 +13,9 @@ import yaml
 from polar.cli.errors import fail
 from polar.proxy.store import SqliteStore
 from polar.proxy.store.sqlite import StoreError
+
+if TYPE_CHECKING:
+    from polar.tokenizer import Tokenizer
 from polar.trajectory import (
     BuildConfig,
     ClassConfig,
@@ -137,7 +140,7 @@ def _class_config(path: Path | None) -> ClassConfig:
     return ClassConfig.from_mapping(data)
 
 
-def _tokenizer(path: Path | None) -> Any:
+def _tokenizer(path: Path | None) -> Tokenizer:
     from polar.assets import QWEN3_TOKENIZER_DIR
 
     directory = path or QWEN3_TOKENIZER_DIR
@@ -151,7 +154,7 @@ def _tokenizer(path: Path | None) -> Any:
         fail("build", str(exc))
 
 
-def _decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
+def _decoder(tokenizer: Tokenizer) -> Callable[[Sequence[int]], str]:
     from polar.proxy.render.tokens import TokenText
 
     return TokenText(tokenizer).decode

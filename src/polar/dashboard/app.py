@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -38,6 +37,7 @@ from polar.dashboard.config import DashboardConfig
 from polar.dashboard.routes import routes
 from polar.dashboard.routes.guard import json_error
 from polar.dashboard.service import DashboardService
+from polar.tokenizer import Tokenizer
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -52,7 +52,7 @@ SECURITY_HEADERS = [
 ]
 
 
-def create_dashboard_app(config: DashboardConfig, tokenizer: Any) -> Starlette:
+def create_dashboard_app(config: DashboardConfig, tokenizer: Tokenizer) -> Starlette:
     """The app; ``tokenizer`` is the model's (it decodes tokens and gives the
     chat-template facts the builders need)."""
     dashboard = DashboardService(config, tokenizer)

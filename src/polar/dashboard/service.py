@@ -17,7 +17,6 @@ import hashlib
 import hmac
 import threading
 from collections.abc import AsyncIterator
-from typing import Any
 
 import orjson
 from starlette.concurrency import run_in_threadpool
@@ -27,6 +26,7 @@ from polar.dashboard.config import DashboardConfig
 from polar.dashboard.sources import RecordSource, RolloutSource, SourceError, task_of_session
 from polar.dashboard.tokens import Built, Trajectories
 from polar.rollout.protocol import SessionResult
+from polar.tokenizer import Tokenizer
 from polar.trajectory import TrajectoryError
 
 
@@ -35,7 +35,7 @@ class DashboardService:
     and its operations; ``tokenizer`` is the model's (it decodes tokens and gives
     the chat-template facts the builders need)."""
 
-    def __init__(self, config: DashboardConfig, tokenizer: Any) -> None:
+    def __init__(self, config: DashboardConfig, tokenizer: Tokenizer) -> None:
         self.config = config
         self.records = RecordSource(config.stores)
         self.trajectories = Trajectories(

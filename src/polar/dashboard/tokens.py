@@ -21,6 +21,7 @@ from typing import Any
 
 from polar.ir import CompletionRecord
 from polar.proxy.render.tokens import TokenText
+from polar.tokenizer import Tokenizer
 from polar.trajectory import (
     BuildConfig,
     Relation,
@@ -48,7 +49,7 @@ class Built:
 class Trajectories:
     """Builds sessions' trajectories with one builder and keeps the latest few."""
 
-    def __init__(self, builder: str, tokenizer: Any, *, capacity: int) -> None:
+    def __init__(self, builder: str, tokenizer: Tokenizer, *, capacity: int) -> None:
         self.text = TokenText(tokenizer)
         config = BuildConfig(turns=TurnFormat.from_tokenizer(tokenizer), decode=self.text.decode)
         self._builder = resolve_builder(builder)(config)

@@ -243,7 +243,7 @@ def teach_agents(
     tokenizer = load_tokenizer(base)
 
     def decode(ids: list[int]) -> str:
-        return str(tokenizer.decode(ids))
+        return tokenizer.decode(ids)
 
     calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     most = len(versions) * len(WORKSPACES)  # a CLI's later workspaces may be skipped

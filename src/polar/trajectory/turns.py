@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from polar.ir import JsonObject
+from polar.tokenizer import Tokenizer
 from polar.trajectory.errors import BuildInputError
 
 _PROBE = "polar probe"
@@ -42,7 +42,7 @@ class TurnFormat:
     @classmethod
     def from_tokenizer(
         cls,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         *,
         end_of_turn: str | None = None,
         template_kwargs: JsonObject | None = None,

@@ -39,6 +39,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from polar.tokenizer import Tokenizer
+
 log = logging.getLogger(__name__)
 
 # The most attribute decisions remembered: a template reads a few dozen.
@@ -72,7 +74,7 @@ RENDER_NAMES = frozenset(
 )
 
 
-def reserved_kwargs(tokenizer: Any) -> frozenset[str]:
+def reserved_kwargs(tokenizer: Tokenizer) -> frozenset[str]:
     """Template kwargs a caller may not set: the render's own names and every
     named parameter of the tokenizer's ``apply_chat_template``."""
     names = set(RENDER_NAMES)
@@ -106,7 +108,7 @@ class CompiledTemplate:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         compile_template: Callable[[str], Any],
     ) -> None:
         self._special = dict(tokenizer.special_tokens_map)
@@ -219,7 +221,7 @@ def _probes() -> list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None, b
     ]
 
 
-def compiled_template(tokenizer: Any) -> CompiledTemplate | None:
+def compiled_template(tokenizer: Tokenizer) -> CompiledTemplate | None:
     """The tokenizer's template compiled, or ``None`` when that cannot be done
     exactly here (no template, transformers without the pieces this relies on,
     or a render that differs from ``apply_chat_template`` on the probes)."""

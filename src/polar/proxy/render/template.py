@@ -31,6 +31,7 @@ from polar.proxy.errors import InvalidRequest, UnsupportedContent
 from polar.proxy.render.compiled import compiled_template, reserved_kwargs
 from polar.proxy.render.tokens import TokenText
 from polar.proxy.render.toolprompt import ToolPrompt, hermes_messages
+from polar.tokenizer import Tokenizer
 
 # A string no harness sends: it stands in for the assistant turn whose raw
 # tokens are spliced, so the template's text after that turn can be cut out.
@@ -120,7 +121,7 @@ class ChatTemplate:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         *,
         template_kwargs: JsonObject | None = None,
         end_of_turn: str | None = None,

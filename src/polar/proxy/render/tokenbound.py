@@ -31,7 +31,9 @@ import functools
 import re
 import unicodedata
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
+
+from polar.tokenizer import Tokenizer
 
 _Form = Literal["NFC", "NFD", "NFKC", "NFKD"]
 _FORMS = ("NFC", "NFD", "NFKC", "NFKD")
@@ -71,7 +73,7 @@ class TokenBound:
     same ids as the whole text's, special tokens recognised)."""
 
     def __init__(
-        self, tokenizer: Any, token_bytes: list[bytes], encode: Callable[[str], list[int]]
+        self, tokenizer: Tokenizer, token_bytes: list[bytes], encode: Callable[[str], list[int]]
     ) -> None:
         self._encode = encode
         self.max_token_bytes = max(map(len, token_bytes), default=0) or None

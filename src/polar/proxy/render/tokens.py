@@ -14,10 +14,10 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
 
 from polar.ir.tokenids import pack, unpack
 from polar.proxy.render.tokenbound import TokenBound, TooManyTokens
+from polar.tokenizer import Tokenizer
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -41,7 +41,7 @@ def _byte_decoder() -> dict[str, int]:
 SEGMENT_CHARS = 4 << 10
 
 
-def _verbatim_added_tokens(tokenizer: Any) -> list[str]:
+def _verbatim_added_tokens(tokenizer: Tokenizer) -> list[str]:
     """The added tokens a fast tokenizer matches verbatim and never merges with
     their surroundings (not stripping whitespace, not normalised, not
     single-word), longest first. The tokenizer cuts a text at each of them
@@ -61,7 +61,7 @@ def _verbatim_added_tokens(tokenizer: Any) -> list[str]:
 class TokenText:
     """Bytes and text of token ids for one tokenizer."""
 
-    def __init__(self, tokenizer: Any, *, segment_cache_bytes: int = 0) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, segment_cache_bytes: int = 0) -> None:
         """``segment_cache_bytes``: what :meth:`encode_prompt` may keep (0: nothing;
         :class:`~polar.proxy.render.template.ChatTemplate` gives its own)."""
         self.tokenizer = tokenizer
@@ -102,7 +102,7 @@ class TokenText:
         own decode gives."""
         if self.byte_level:
             return self._bytes[token_id] if 0 <= token_id < len(self._bytes) else b""
-        return str(self.tokenizer.decode([token_id], skip_special_tokens=False)).encode("utf-8")
+        return self.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def bytes_of_ids(self, ids: Sequence[int]) -> bytes:
         """The bytes of byte-level ids, joined (:meth:`bytes_of` of each)."""
@@ -121,7 +121,7 @@ class TokenText:
     def decode(self, ids: Sequence[int]) -> str:
         if self.byte_level:
             return self.bytes_of_ids(ids).decode("utf-8", "replace")
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with special tokens recognised and none added."""

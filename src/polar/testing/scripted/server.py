@@ -27,6 +27,7 @@ from polar.testing.scripted import sglang_wire, vllm_replies, vllm_wire
 from polar.testing.scripted.pacing import Pacing
 from polar.testing.scripted.player import ScriptMismatch, ScriptPlayer
 from polar.testing.scripted.script import ObservedRequest, Script, SessionScripts, Turn
+from polar.tokenizer import Tokenizer
 
 _SSE = "text/event-stream"
 
@@ -60,7 +61,7 @@ class ScriptedEngine:
     def __init__(
         self,
         script: Script | SessionScripts,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         *,
         model: str = "scripted",
         token_delay_s: float = 0.0,

@@ -37,6 +37,7 @@ import orjson
 
 from polar.testing.scripted import vllm_wire
 from polar.testing.scripted.pacing import Pacing
+from polar.tokenizer import Tokenizer
 
 STREAM_FLAG_ERRORS = {
     "return_prompt_token_ids": "return_prompt_token_ids is not supported with streaming. "
@@ -99,7 +100,7 @@ def stream_flag_error(body: dict[str, Any]) -> str | None:
     return None
 
 
-def _entry(tokenizer: Any, token_id: int, logprob: float, top: int) -> dict[str, Any]:
+def _entry(tokenizer: Tokenizer, token_id: int, logprob: float, top: int) -> dict[str, Any]:
     detail = vllm_wire.token_detail(tokenizer, token_id, logprob, top)
     return {
         "token": detail["token"],
@@ -112,7 +113,7 @@ def _entry(tokenizer: Any, token_id: int, logprob: float, top: int) -> dict[str,
     }
 
 
-def _chat_logprobs(tokenizer: Any, gen: vllm_wire.Generation, top: int) -> dict[str, Any]:
+def _chat_logprobs(tokenizer: Tokenizer, gen: vllm_wire.Generation, top: int) -> dict[str, Any]:
     entries = [_entry(tokenizer, t, lp, top) for t, lp in zip(gen.ids, gen.logprobs, strict=True)]
     return {"content": entries}
 
@@ -127,7 +128,7 @@ def _finish(gen: vllm_wire.Generation, has_calls: bool) -> dict[str, Any]:
 
 
 def _chat_meta(
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     body: dict[str, Any],
     prompt: list[int],
     gen: vllm_wire.Generation,
@@ -164,7 +165,7 @@ def _chat_meta(
 
 
 def whole_response(
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     body: dict[str, Any],
     prompt: list[int],
     gen: vllm_wire.Generation,
@@ -239,13 +240,16 @@ def generate_meta(
     final: bool,
     weight_version: str = "default",
     top: int = 0,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     with_text: bool = False,
 ) -> dict[str, Any]:
     """``meta_info`` of SGLang's ``/generate`` after ``upto`` tokens (cumulative).
     ``top``: ``top_logprobs_num`` (``output_top_logprobs``: per position, the
     sampled token first, then made-up alternatives); ``with_text``:
     ``return_text_in_logprobs`` (token texts in the triples, else ``None``)."""
+    if with_text and tokenizer is None:
+        raise ValueError("return_text_in_logprobs needs the tokenizer")
+    texts = tokenizer if with_text else None
     if not final:
         finish: dict[str, Any] | None = None
     elif gen.finish == "stop":
@@ -260,7 +264,7 @@ def generate_meta(
         "num_retractions": 0,
         "input_token_logprobs": [[None, prompt[-1], None]],
         "output_token_logprobs": [
-            [lp, t, _text(tokenizer, t) if with_text else None]
+            [lp, t, None if texts is None else _text(texts, t)]
             for lp, t in zip(gen.logprobs[:upto], gen.ids[:upto], strict=True)
         ],
         "output_token_logprobs_length": upto,
@@ -270,7 +274,7 @@ def generate_meta(
     if top > 0:
         meta["output_top_logprobs"] = [
             [
-                [lp - 1.5 * k, alt, _text(tokenizer, alt) if with_text else None]
+                [lp - 1.5 * k, alt, None if texts is None else _text(texts, alt)]
                 for k, alt in enumerate([t, *((t + 7919 * k) % 151643 for k in range(1, top))])
             ]
             for lp, t in zip(gen.logprobs[:upto], gen.ids[:upto], strict=True)
@@ -280,7 +284,7 @@ def generate_meta(
     return meta
 
 
-def _logprob_options(body: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+def _logprob_options(body: dict[str, Any], tokenizer: Tokenizer) -> dict[str, Any]:
     """:func:`generate_meta`'s logprob arguments for a ``/generate`` request."""
     return {
         "top": int(body.get("top_logprobs_num") or 0) if body.get("return_logprob") else 0,
@@ -290,7 +294,7 @@ def _logprob_options(body: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
 
 
 def generate_whole(
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     gen: vllm_wire.Generation,
     prompt: list[int],
     body: dict[str, Any],
@@ -311,7 +315,7 @@ def generate_whole(
 
 
 async def generate_events(
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     gen: vllm_wire.Generation,
     prompt: list[int],
     body: dict[str, Any],
@@ -341,5 +345,5 @@ async def generate_events(
     yield b"data: [DONE]\n\n"
 
 
-def _text(tokenizer: Any, token_id: int) -> str:
-    return str(tokenizer.decode([token_id], skip_special_tokens=False))
+def _text(tokenizer: Tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)

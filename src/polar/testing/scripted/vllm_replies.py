@@ -16,13 +16,14 @@ from polar.proxy.engines import vllm_protocol as wire
 from polar.testing.scripted import vllm_wire
 from polar.testing.scripted.pacing import Pacing
 from polar.testing.scripted.vllm_wire import SYSTEM_FINGERPRINT, Generation
+from polar.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
 class Answer:
     """A request (its JSON ``body`` and rendered ``prompt``) and the turn sampled for it."""
 
-    tokenizer: Any
+    tokenizer: Tokenizer
     body: dict[str, Any]
     prompt: list[int]
     gen: Generation

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polar.proxy.engines import vllm_protocol as wire
+from polar.tokenizer import Tokenizer
 
 THINK_END = "</think>"
 TOOL_START = "<tool_call>"
@@ -110,7 +111,7 @@ def template_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, 
     return out
 
 
-def render_prompt(tokenizer: Any, body: Mapping[str, Any]) -> list[int]:
+def render_prompt(tokenizer: Tokenizer, body: Mapping[str, Any]) -> list[int]:
     """Prompt ids exactly as vLLM's chat route computes them."""
     kwargs = dict(body.get("chat_template_kwargs") or {})
     ids = tokenizer.apply_chat_template(
@@ -149,7 +150,7 @@ class Generation:
 
 
 def generate(
-    tokenizer: Any, output_text: str, *, max_tokens: int | None, force_length: bool
+    tokenizer: Tokenizer, output_text: str, *, max_tokens: int | None, force_length: bool
 ) -> Generation:
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     ids = list(tokenizer.encode(output_text, add_special_tokens=False))
@@ -174,7 +175,7 @@ def generate(
     return gen
 
 
-def _incremental_text(tokenizer: Any, ids: Sequence[int], eos_id: int) -> Iterator[str]:
+def _incremental_text(tokenizer: Tokenizer, ids: Sequence[int], eos_id: int) -> Iterator[str]:
     """Text each token adds, holding back incomplete UTF-8 like vLLM's detokenizer."""
     sent = ""
     for end in range(1, len(ids) + 1):
@@ -190,7 +191,7 @@ def _incremental_text(tokenizer: Any, ids: Sequence[int], eos_id: int) -> Iterat
 
 
 def _alternatives(
-    tokenizer: Any, token_id: int, logprob: float, top: int
+    tokenizer: Tokenizer, token_id: int, logprob: float, top: int
 ) -> list[tuple[str, float]]:
     """Made-up alternatives for ``top_logprobs``: the sampled token first, then ``top - 1``
     others, each 1.5 less likely than the one before."""
@@ -201,7 +202,7 @@ def _alternatives(
     return out
 
 
-def token_detail(tokenizer: Any, token_id: int, logprob: float, top: int) -> dict[str, Any]:
+def token_detail(tokenizer: Tokenizer, token_id: int, logprob: float, top: int) -> dict[str, Any]:
     """A chat ``logprobs.content`` entry for one token (``top``: alternatives wanted)."""
     token = tokenizer.decode([token_id], skip_special_tokens=False)
     alternatives = _alternatives(tokenizer, token_id, logprob, top) if top > 0 else []
@@ -368,7 +369,7 @@ class StreamParser:
 
 
 def completion_logprobs(
-    tokenizer: Any, gen: Generation, start: int, end: int, offset: int, top: int
+    tokenizer: Tokenizer, gen: Generation, start: int, end: int, offset: int, top: int
 ) -> dict[str, Any]:
     """vLLM's completions-style ``logprobs`` object for tokens ``start:end``."""
     tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in gen.ids[start:end]]
