@@ -42,7 +42,7 @@ import httpx
 import yaml
 
 from polar.proxy.app import create_app
-from polar.proxy.capture import build_capture
+from polar.proxy.call.capture import build_capture
 from polar.proxy.config import GatewayConfig
 from polar.proxy.engines.vllm_process import free_port
 from polar.proxy.gateway import Gateway

@@ -29,7 +29,7 @@ class ServerThread:
         http: Any = "h11",
     ) -> None:
         """``http``: uvicorn's protocol (a name, or a class such as the gateway's
-        :class:`polar.proxy.httpwire.GatewayHttpProtocol`)."""
+        :class:`polar.proxy.front.httpwire.GatewayHttpProtocol`)."""
         # proto must be IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets
         # only when it is, and without it a response's body segment waits ~40 ms
         # for the delayed ACK of its header segment on every kept-alive request.

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from polar.ir import Dialect
-from polar.proxy.httpwire import MAX_HEAD_BYTES
+from polar.proxy.front.httpwire import MAX_HEAD_BYTES
 
 from support.faulty import PATHS, assert_dialect_error, request_body
 from support.stack import ADMIN_TOKEN

@@ -7,8 +7,8 @@ import socket
 import threading
 from typing import Any
 
-from polar.proxy.asgi import DisconnectWatch, send_body
-from polar.proxy.httpwire import CONNECTION, CoalescingTransport, GatewayHttpProtocol
+from polar.proxy.front.asgi import DisconnectWatch, send_body
+from polar.proxy.front.httpwire import CONNECTION, CoalescingTransport, GatewayHttpProtocol
 from polar.serverthread import ServerThread
 
 

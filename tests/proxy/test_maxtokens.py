@@ -1,4 +1,4 @@
-"""The max-tokens policy (:mod:`polar.proxy.maxtokens`): pure functions, hand-computed cases."""
+"""The max-tokens policy (:mod:`polar.proxy.call.maxtokens`): pure functions, worked cases."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from polar.ir import ChatRequest, EditKind, Message, Role, Sampling, TextPart
-from polar.proxy.errors import EngineHTTPError, EngineUnavailable
-from polar.proxy.maxtokens import (
+from polar.proxy.call.maxtokens import (
     ContextSource,
     ContextWindow,
     OutputLimit,
@@ -18,6 +17,7 @@ from polar.proxy.maxtokens import (
     limited,
     output_limit,
 )
+from polar.proxy.errors import EngineHTTPError, EngineUnavailable
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 
-from polar.proxy.offload import Offload
+from polar.proxy.call.offload import Offload
 
 
 def test_big_steps_share_the_budget_and_small_ones_pass_them() -> None:

@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from polar.proxy.readynext import Pending, poll_next
+from polar.proxy.call.readynext import Pending, poll_next
 
 
 async def _burst_then_wait(gate: asyncio.Event) -> AsyncGenerator[int, None]:

@@ -1,6 +1,6 @@
 """What each call is sampled with: a session's policy enforced, the harness's
 settings otherwise with every unset one sent explicitly, and the record's
-behaviour saying so (:mod:`polar.proxy.behaviour`)."""
+behaviour saying so (:mod:`polar.proxy.call.behaviour`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from polar.ir import (
     Unreproducible,
     distribution_of,
 )
-from polar.proxy.behaviour import SamplingRules, behaviour_of, defaults_over
+from polar.proxy.call.behaviour import SamplingRules, behaviour_of, defaults_over
 from polar.proxy.engines.defaults import NEUTRAL, model_defaults
 
 USER = [{"role": "user", "content": "hi"}]

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from polar.proxy.sessions import CallTracker
+from polar.proxy.control.sessions import CallTracker
 
 
 def test_settle_waits_for_calls_then_cuts_off_what_outlives_the_grace() -> None:

@@ -16,7 +16,7 @@ def test_a_store_that_cannot_write_makes_health_503_and_calls_fail_fast(make_sta
     """The disk is "filled" with SQLite's ``max_page_count`` on the writer's own
     connection: the writer gets ``database or disk is full``, as on a full disk.
     The engine's context is set past the big prompt's length, so the output
-    limit (:mod:`polar.proxy.maxtokens`) lets it through to the store."""
+    limit (:mod:`polar.proxy.call.maxtokens`) lets it through to the store."""
     stack = make_stack(
         {"turns": [{"text": "ok"}], "cycle": True}, engine={"max_model_len": 1_000_000}
     )

@@ -11,10 +11,10 @@ from openai import OpenAI
 
 from polar.ir import CompletionRecord
 from polar.proxy.app import create_app
-from polar.proxy.capture import build_capture
+from polar.proxy.call.capture import build_capture
 from polar.proxy.config import GatewayConfig, RenderConfig
+from polar.proxy.front.httpwire import GatewayHttpProtocol
 from polar.proxy.gateway import Gateway
-from polar.proxy.httpwire import GatewayHttpProtocol
 from polar.proxy.render.template import ChatTemplate
 from polar.proxy.store import SqliteStore
 from polar.serverthread import ServerThread

@@ -13,11 +13,11 @@ from typing import Any
 import orjson
 
 from polar.ir import Dialect
-from polar.proxy.asgi import Receive, Scope, Send, send_body
 from polar.proxy.dialects.spec import DialectSpec, Endpoint, Mounted
 from polar.proxy.errors import ProxyError
+from polar.proxy.front.asgi import Receive, Scope, Send, send_body
+from polar.proxy.front.inbound import api_key_of
 from polar.proxy.gateway import Gateway
-from polar.proxy.inbound import api_key_of
 
 ECHO = Endpoint("POST", "/toy/echo")
 THINGS = Endpoint("POST", "/toy/things/", prefix=True)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from polar.configfile import ConfigError, load_config
-from polar.proxy.behaviour import SamplingPolicy
+from polar.proxy.call.behaviour import SamplingPolicy
 from polar.rollout.protocol import HarnessSpec
 
 C = TypeVar("C", bound="BridgeConfig")

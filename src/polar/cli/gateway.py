@@ -214,7 +214,7 @@ def gateway(
         workers=workers,
         log_level=log_level,
     )
-    from polar.proxy.capture import check_tokenizer
+    from polar.proxy.call.capture import check_tokenizer
     from polar.proxy.engines.registry import check_engine
 
     try:
@@ -237,8 +237,8 @@ def run_gateway(settings: GatewayConfig) -> None:
     from polar.gctune import tune_for_serving
     from polar.malloctune import pin_mmap_threshold
     from polar.proxy.app import create_app
+    from polar.proxy.front.httpwire import run_server
     from polar.proxy.gateway import Gateway
-    from polar.proxy.httpwire import run_server
 
     configure_logging(settings.log_level)
     if settings.workers > 1:

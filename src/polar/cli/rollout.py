@@ -238,7 +238,7 @@ def preflight(command: str, node: NodeConfig, prefix: str, *, tokenizer: bool) -
     its engine plug-in and its sandboxes' limits, and with ``tokenizer`` (for
     ``--check``: start-up loads it anyway) the gateway's ``render.tokenizer``.
     ``prefix``: where the node's section is in the file (``node.`` in serve's)."""
-    from polar.proxy.capture import check_tokenizer
+    from polar.proxy.call.capture import check_tokenizer
     from polar.proxy.engines.registry import check_engine
     from polar.rollout.node import check_node
     from polar.runtime.errors import UnsupportedSpec

@@ -12,7 +12,7 @@ off-policy.
 
 So every record carries a :class:`Behaviour`: the settings the engine applied
 (all of them explicit: the gateway fills what a harness left unset, see
-:mod:`polar.proxy.behaviour`) and what the engine's reported logprobs are of
+:mod:`polar.proxy.call.behaviour`) and what the engine's reported logprobs are of
 (:class:`LogprobSource`). :func:`distribution_of` turns it into either the
 :class:`Distribution` a trainer reproduces from its own logits (and whose
 logprobs the engine reported), or the reason it cannot

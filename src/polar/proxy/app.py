@@ -12,11 +12,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from polar.proxy import admin
-from polar.proxy.asgi import ASGIApp, Router
+from polar.proxy.control import admin
 from polar.proxy.dialects.registry import DIALECTS
 from polar.proxy.dialects.spec import DialectSpec, Mounted
 from polar.proxy.errors import InvalidRequest, NotFound
+from polar.proxy.front.asgi import ASGIApp, Router
 from polar.proxy.gateway import Gateway
 
 

@@ -21,7 +21,7 @@ from pydantic import (
 
 from polar.configfile import load_config
 from polar.ir import CaptureMode, LogprobSource, Sampling
-from polar.proxy.behaviour import SamplingPolicy
+from polar.proxy.call.behaviour import SamplingPolicy
 
 
 class _Section(BaseModel):
@@ -270,7 +270,7 @@ class SamplingDefaults(_Section):
 
 
 class SamplingConfig(_Section):
-    """What calls are sampled with (:mod:`polar.proxy.behaviour`)."""
+    """What calls are sampled with (:mod:`polar.proxy.call.behaviour`)."""
 
     policy: SamplingPolicy | None = Field(
         default=None,

@@ -20,17 +20,17 @@ from collections.abc import Iterable
 from typing import Any
 
 from polar.ir import CompletionRecord, Dialect
-from polar.proxy.behaviour import SamplingRules, defaults_over
-from polar.proxy.capture import Capture, build_capture
+from polar.proxy.call.behaviour import SamplingRules, defaults_over
+from polar.proxy.call.capture import Capture, build_capture
+from polar.proxy.call.offload import Offload
+from polar.proxy.call.relay import Relay
 from polar.proxy.config import GatewayConfig
+from polar.proxy.control.gate import Gate
+from polar.proxy.control.sessions import CallTracker, Session, SessionRegistry
 from polar.proxy.engines.defaults import model_defaults
 from polar.proxy.errors import AuthenticationFailed, StoreUnavailable
-from polar.proxy.gate import Gate
-from polar.proxy.inbound import BodyLimits
-from polar.proxy.offload import Offload
-from polar.proxy.relay import Relay
+from polar.proxy.front.inbound import BodyLimits
 from polar.proxy.render.splice import Transcripts
-from polar.proxy.sessions import CallTracker, Session, SessionRegistry
 from polar.proxy.store import SqliteStore, StoreError
 from polar.proxy.workers.affinity import WorkerSlot
 
@@ -43,7 +43,7 @@ MAX_UNKNOWN_FIELDS = 256
 
 def sampling_rules(config: GatewayConfig) -> SamplingRules:
     """The sampling rules ``config`` describes: its policy, and for unset settings its
-    defaults over the model's generation config (:mod:`polar.proxy.behaviour`)."""
+    defaults over the model's generation config (:mod:`polar.proxy.call.behaviour`)."""
     policy = config.sampling.policy
     return SamplingRules(
         defaults=defaults_over(

@@ -21,9 +21,9 @@ from starlette.applications import Starlette
 
 from polar.gctune import tune_for_serving
 from polar.proxy.app import create_app
-from polar.proxy.asgi import Router
+from polar.proxy.front.asgi import Router
+from polar.proxy.front.httpwire import GatewayHttpProtocol
 from polar.proxy.gateway import Gateway
-from polar.proxy.httpwire import GatewayHttpProtocol
 from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.lifecycle import RuntimeFactory
 from polar.rollout.node import Node, check_node, claim_node
@@ -119,7 +119,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 def _uvicorn(
     app: Any, log_level: str, keepalive_s: int = 5, *, gateway: bool = False
 ) -> uvicorn.Server:
-    """``gateway``: served as ``polar gateway`` serves it (:mod:`polar.proxy.httpwire`:
+    """``gateway``: served as ``polar gateway`` serves it (:mod:`polar.proxy.front.httpwire`:
     writes of a loop turn coalesced, heads over its limit answered 431)."""
     return uvicorn.Server(
         uvicorn.Config(

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from polar.ir import DeliveryIssue, Unreproducible
-from polar.proxy.behaviour import SamplingPolicy
+from polar.proxy.call.behaviour import SamplingPolicy
 from polar.rollout.failure import FailureReason
 from polar.tasks.model import Task
 from polar.trajectory.export import SampleRow
@@ -129,7 +129,7 @@ class TaskSubmission(_Model):
     :mod:`polar.rollout.conversation`): what SFT exports need, not a trainer."""
     sampling: SamplingPolicy | None = None
     """Enforced on every model call of the task's sessions, whatever the harness asks
-    (:mod:`polar.proxy.behaviour`); none: the harness's own settings (what it leaves
+    (:mod:`polar.proxy.call.behaviour`); none: the harness's own settings (what it leaves
     unset filled with the node gateway's defaults)."""
     metadata: dict[str, Any] = Field(default_factory=dict)
 

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from polar.configfile import load_config
 from polar.device import check_device
 from polar.precision import Precision
-from polar.proxy.behaviour import SamplingPolicy
+from polar.proxy.call.behaviour import SamplingPolicy
 from polar.rollout.protocol import HarnessSpec
 from polar.train.variants import Aggregation, Baseline, MissingLogprob
 

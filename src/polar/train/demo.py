@@ -195,6 +195,6 @@ def _harness(spec: dict[str, Any]) -> Any:
 
 
 def _policy(spec: dict[str, Any]) -> Any:
-    from polar.proxy.behaviour import SamplingPolicy
+    from polar.proxy.call.behaviour import SamplingPolicy
 
     return SamplingPolicy.model_validate(spec)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from polar.proxy.behaviour import SamplingPolicy
+from polar.proxy.call.behaviour import SamplingPolicy
 from polar.rollout.client import RolloutClient, RolloutError
 from polar.rollout.protocol import HarnessSpec, TaskResult, TaskSubmission
 from polar.tasks.model import Task

@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 
 from polar.ir import Unreproducible
-from polar.proxy.behaviour import SamplingPolicy
+from polar.proxy.call.behaviour import SamplingPolicy
 from polar.train.batch import (
     Advantages,
     Group,

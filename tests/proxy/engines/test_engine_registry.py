@@ -10,7 +10,7 @@ import pytest
 
 from polar.configfile import ConfigError, load_config
 from polar.ir import CaptureMode
-from polar.proxy.capture import build_capture
+from polar.proxy.call.capture import build_capture
 from polar.proxy.config import GatewayConfig
 
 ENGINE_URL = "http://127.0.0.1:9"  # nothing listens: building a capture connects to nothing

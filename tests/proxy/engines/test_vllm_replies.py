@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar.ir import Delta, Finish, FinishReason, PromptTokens
+from polar.proxy.call.relay import Accumulator
 from polar.proxy.engines.openai_compat import logprob_details
 from polar.proxy.engines.transport import SSEDecoder
 from polar.proxy.engines.vllm import StreamReader, parse_reply
 from polar.proxy.engines.vllm_tokens import _choice_delta
 from polar.proxy.errors import EngineProtocolError
-from polar.proxy.relay import Accumulator
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm"
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from polar.ir import Delta, ToolSpec
-from polar.proxy.relay import Accumulator
+from polar.proxy.call.relay import Accumulator
 from polar.proxy.render.parse import OutputParser, ParserOptions, Piece, ToolFormat
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"

@@ -11,7 +11,7 @@ import pytest
 
 from polar.configfile import ConfigError
 from polar.ir import Message, Role, TextPart, ToolCall, ToolSpec
-from polar.proxy.capture import build_capture
+from polar.proxy.call.capture import build_capture
 from polar.proxy.config import load_gateway_config
 from polar.proxy.render.template import ChatTemplate
 from polar.proxy.render.toolprompt import ToolPrompt

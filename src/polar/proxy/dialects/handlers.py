@@ -1,4 +1,4 @@
-"""What the dialects' handlers do the same way, beyond :func:`polar.proxy.serving.serve`:
+"""What the dialects' handlers do the same way, beyond :func:`polar.proxy.call.serving.serve`:
 read a request body against the dialect's wire model, and answer a token count.
 """
 
@@ -11,11 +11,11 @@ import orjson
 import pydantic
 
 from polar.ir import ChatRequest
-from polar.proxy.asgi import Receive, Scope, Send, headers_of, read_body, send_body
+from polar.proxy.call.serving import DialectCodec, internal
 from polar.proxy.errors import ProxyError
+from polar.proxy.front.asgi import Receive, Scope, Send, headers_of, read_body, send_body
+from polar.proxy.front.inbound import api_key_of, json_object, validate
 from polar.proxy.gateway import Gateway
-from polar.proxy.inbound import api_key_of, json_object, validate
-from polar.proxy.serving import DialectCodec, internal
 
 W = TypeVar("W", bound=pydantic.BaseModel)
 

@@ -14,6 +14,7 @@ from typing import Any
 from polar.configfile import ConfigError
 from polar.ir import CaptureMode
 from polar.plugins import load_factory
+from polar.proxy.call.maxtokens import ContextWindow, context_from_models
 from polar.proxy.config import EngineConfig, GatewayConfig
 from polar.proxy.engines.base import ChatEngine, TokenEngine
 from polar.proxy.engines.pool import EnginePool
@@ -22,7 +23,6 @@ from polar.proxy.engines.sglang_tokens import SglangTokenEngine
 from polar.proxy.engines.transport import EngineTransport, Transport
 from polar.proxy.engines.vllm import VllmChatEngine
 from polar.proxy.engines.vllm_tokens import VllmTokenEngine
-from polar.proxy.maxtokens import ContextWindow, context_from_models
 
 
 def _transport(config: EngineConfig) -> Transport:

@@ -5,7 +5,7 @@ chat and completions routes and SGLang's OpenAI-compatible chat route use the
 OpenAI names (``max_tokens``, ``seed``); SGLang's native ``/generate`` takes
 ``sampling_params`` with ``max_new_tokens`` and ``sampling_seed``. A setting
 left ``None`` is not sent, so the engine's own default applies (the gateway
-sends every setting that shapes the distribution, :mod:`polar.proxy.behaviour`).
+sends every setting that shapes the distribution, :mod:`polar.proxy.call.behaviour`).
 "No top-k limit" (0 in the IR) goes out as -1, which vLLM and SGLang both read
 as disabled (SGLang refuses 0).
 """

@@ -21,9 +21,9 @@ from urllib.parse import unquote
 import httpx
 import orjson
 
+from polar.proxy.control.sessions import hash_key
 from polar.proxy.errors import ProxyError
-from polar.proxy.inbound import api_key_of, bearer_of
-from polar.proxy.sessions import hash_key
+from polar.proxy.front.inbound import api_key_of, bearer_of
 from polar.proxy.workers.affinity import owner_of
 from polar.proxy.workers.router import RouteTable, WorkerLink
 from polar.proxy.workers.wire import Head, response

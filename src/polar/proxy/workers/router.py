@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 import httptools
 import orjson
 
+from polar.proxy.control.sessions import hash_key
 from polar.proxy.errors import ProxyError, WorkerUnavailable
-from polar.proxy.inbound import api_key_of
-from polar.proxy.sessions import hash_key
+from polar.proxy.front.inbound import api_key_of
 from polar.proxy.workers.affinity import owner_of
 from polar.proxy.workers.wire import (
     BadFraming,

@@ -17,7 +17,7 @@ from http import HTTPStatus
 from polar.http1 import Framing, HttpError, parse_request
 from polar.proxy.dialects.registry import dialect_at
 from polar.proxy.errors import ProxyError
-from polar.proxy.httpwire import MAX_HEAD_BYTES
+from polar.proxy.front.httpwire import MAX_HEAD_BYTES
 
 _READ = 1 << 16
 
@@ -35,7 +35,7 @@ class BadFraming(Exception):
 
 
 class HeadTooLarge(BadFraming):
-    """The request head is over :data:`~polar.proxy.httpwire.MAX_HEAD_BYTES`
+    """The request head is over :data:`~polar.proxy.front.httpwire.MAX_HEAD_BYTES`
     (as a lone gateway answers it: 431, connection closed)."""
 
     status = 431
@@ -55,7 +55,7 @@ class Head:
     """Lower-cased names; the last value wins (for what is not a credential)."""
     fields: tuple[tuple[bytes, bytes], ...]
     """Every header field in order, names lower-cased (credentials are read from
-    these: a repeated one is refused, :func:`polar.proxy.inbound.credentials`)."""
+    these: a repeated one is refused, :func:`polar.proxy.front.inbound.credentials`)."""
     length: int | None
     chunked: bool
     keep_alive: bool

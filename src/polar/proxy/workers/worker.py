@@ -19,8 +19,8 @@ def serve_worker(settings: GatewayConfig, slot: WorkerSlot, socket_path: str) ->
     from polar.gctune import tune_for_serving
     from polar.malloctune import pin_mmap_threshold
     from polar.proxy.app import create_app
+    from polar.proxy.front.httpwire import run_server
     from polar.proxy.gateway import Gateway
-    from polar.proxy.httpwire import run_server
 
     _exit_with_parent()
     pin_mmap_threshold()

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from polar.ir import ChatRequest, Completion, TokenLogprob
-from polar.proxy.asgi import Receive, Scope, Send
+from polar.proxy.call.serving import serve
 from polar.proxy.dialects import handlers
 from polar.proxy.dialects.anthropic_messages.dialect import COUNT_TOKENS, DIALECT, MESSAGES
 from polar.proxy.dialects.anthropic_messages.protocol import (
@@ -20,9 +20,9 @@ from polar.proxy.dialects.anthropic_messages.stream import EventEncoder
 from polar.proxy.dialects.anthropic_messages.translate import message_json, request_to_ir
 from polar.proxy.dialects.spec import Mounted
 from polar.proxy.errors import ProxyError
+from polar.proxy.front.asgi import Receive, Scope, Send
+from polar.proxy.front.inbound import check_counts, validate
 from polar.proxy.gateway import Gateway
-from polar.proxy.inbound import check_counts, validate
-from polar.proxy.serving import serve
 
 
 def _message_id() -> str:

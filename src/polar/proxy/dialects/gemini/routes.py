@@ -17,7 +17,7 @@ from urllib.parse import parse_qs
 import orjson
 
 from polar.ir import ChatRequest, Completion, TokenLogprob
-from polar.proxy.asgi import Receive, Scope, Send, send_body
+from polar.proxy.call.serving import serve
 from polar.proxy.dialects import handlers
 from polar.proxy.dialects.gemini.dialect import DIALECT
 from polar.proxy.dialects.gemini.protocol import (
@@ -31,9 +31,9 @@ from polar.proxy.dialects.gemini.stream import ChunkEncoder
 from polar.proxy.dialects.gemini.translate import MODEL_PREFIX, request_to_ir, response_json
 from polar.proxy.dialects.spec import Mounted
 from polar.proxy.errors import InvalidRequest, NotFound, ProxyError
+from polar.proxy.front.asgi import Receive, Scope, Send, send_body
+from polar.proxy.front.inbound import check_counts, validate
 from polar.proxy.gateway import Gateway
-from polar.proxy.inbound import check_counts, validate
-from polar.proxy.serving import serve
 
 
 def _response_id() -> str:

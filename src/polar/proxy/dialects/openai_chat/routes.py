@@ -12,7 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polar.ir import ChatRequest, Completion, TokenLogprob
-from polar.proxy.asgi import Receive, Scope, Send
+from polar.proxy.call.serving import serve
 from polar.proxy.dialects import handlers
 from polar.proxy.dialects.openai_chat.dialect import CHAT_COMPLETIONS, DIALECT
 from polar.proxy.dialects.openai_chat.protocol import IGNORED_FIELDS, ChatCompletionRequest
@@ -20,9 +20,9 @@ from polar.proxy.dialects.openai_chat.stream import ChunkEncoder
 from polar.proxy.dialects.openai_chat.translate import completion_json, logprobs_json, request_to_ir
 from polar.proxy.dialects.spec import Mounted
 from polar.proxy.errors import ProxyError
+from polar.proxy.front.asgi import Receive, Scope, Send
+from polar.proxy.front.inbound import api_key_of
 from polar.proxy.gateway import Gateway
-from polar.proxy.inbound import api_key_of
-from polar.proxy.serving import serve
 
 
 class OpenAIChatCodec:

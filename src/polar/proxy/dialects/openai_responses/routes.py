@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from polar.ir import ChatRequest, Completion, TokenLogprob
-from polar.proxy.asgi import Receive, Scope, Send
+from polar.proxy.call.serving import serve
 from polar.proxy.dialects import handlers
 from polar.proxy.dialects.openai_responses.dialect import DIALECT, RESPONSES
 from polar.proxy.dialects.openai_responses.protocol import KNOWN_EXTRAS, ResponsesRequest
@@ -22,8 +22,8 @@ from polar.proxy.dialects.openai_responses.translate import (
 )
 from polar.proxy.dialects.spec import Mounted
 from polar.proxy.errors import ProxyError
+from polar.proxy.front.asgi import Receive, Scope, Send
 from polar.proxy.gateway import Gateway
-from polar.proxy.serving import serve
 
 
 class ResponsesCodec:

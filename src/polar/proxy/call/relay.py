@@ -11,7 +11,7 @@ client. The relay guarantees:
   gateway killed mid-call leaves the row for the next start to mark
   ``interrupted``;
 * an attempt whose engine request before the call failed (engine-rendered
-  capture's count of the prompt, :class:`~polar.proxy.capture.PreflightFailed`)
+  capture's count of the prompt, :class:`~polar.proxy.call.capture.PreflightFailed`)
   is recorded failed, with the request that failed, and retried like a call;
 * the outcome of a completed call is committed *before* the ``Finish`` event
   is yielded, so the dialect sends its final bytes only after the call is
@@ -23,10 +23,10 @@ client. The relay guarantees:
   transient (engine unreachable, a pooled connection reset, 502/503), each
   attempt its own record with its own ``x-request-id``;
 * a session's calls are counted from arrival until their outcome is written
-  (:class:`~polar.proxy.sessions.CallTracker`), the barrier a trajectory build
+  (:class:`~polar.proxy.control.sessions.CallTracker`), the barrier a trajectory build
   waits on;
 * every call goes to the engine with explicit sampling settings, the
-  session's policy enforced (:mod:`polar.proxy.behaviour`), and its record
+  session's policy enforced (:mod:`polar.proxy.call.behaviour`), and its record
   says what they were and what the engine's logprobs are of.
 """
 
@@ -65,14 +65,14 @@ from polar.ir import (
     Usage,
 )
 from polar.ir.tokenids import TokenRun, pack
-from polar.proxy.behaviour import SamplingRules
-from polar.proxy.capture import Capture, PreflightFailed, PreparedCall
+from polar.proxy.call.behaviour import SamplingRules
+from polar.proxy.call.capture import Capture, PreflightFailed, PreparedCall
+from polar.proxy.control.gate import Gate
+from polar.proxy.control.sessions import CallTracker, Session
 from polar.proxy.engines.base import SESSION_HEADER
 from polar.proxy.errors import EngineError, EngineProtocolError, StoreUnavailable
-from polar.proxy.gate import Gate
 from polar.proxy.logtext import describe
 from polar.proxy.render.splice import PastCall, Transcript, Transcripts, lineage_of
-from polar.proxy.sessions import CallTracker, Session
 from polar.proxy.store import SqliteStore, StoreError
 
 _log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ behind one object); :func:`serve` does the rest, as a plain ASGI handler:
 
 * auth before anything else, so an unknown key is refused without reading
   the body or touching the engine;
-* then the body's limits (:mod:`polar.proxy.inbound`), before any parsing
+* then the body's limits (:mod:`polar.proxy.front.inbound`), before any parsing
   beyond JSON; a large body is decoded and validated on an offload worker,
   not on the event loop;
 * streaming replies commit HTTP headers only once the engine produced its
@@ -37,7 +37,10 @@ from polar.ir import (
     PromptTokens,
     TokenLogprob,
 )
-from polar.proxy.asgi import (
+from polar.proxy.call.readynext import Pending, poll_next
+from polar.proxy.call.relay import CallInput
+from polar.proxy.errors import ProxyError
+from polar.proxy.front.asgi import (
     SSE,
     DisconnectWatch,
     Receive,
@@ -47,12 +50,9 @@ from polar.proxy.asgi import (
     read_body,
     send_body,
 )
-from polar.proxy.errors import ProxyError
+from polar.proxy.front.inbound import api_key_of, check_counts, json_object
 from polar.proxy.gateway import Gateway
-from polar.proxy.inbound import api_key_of, check_counts, json_object
 from polar.proxy.logtext import describe
-from polar.proxy.readynext import Pending, poll_next
-from polar.proxy.relay import CallInput
 
 _log = logging.getLogger(__name__)
 

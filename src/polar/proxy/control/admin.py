@@ -18,10 +18,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from polar.ir.codec import record_to_json
-from polar.proxy.behaviour import SamplingPolicy
+from polar.proxy.call.behaviour import SamplingPolicy
 from polar.proxy.errors import AuthenticationFailed, InvalidRequest, NotFound, ProxyError
+from polar.proxy.front.inbound import bearer_of, read_json_object, validate
 from polar.proxy.gateway import Gateway
-from polar.proxy.inbound import bearer_of, read_json_object, validate
 
 _MAX_ADMIN_BODY = 1 << 20
 
@@ -31,7 +31,7 @@ class CreateSession(BaseModel):
     session_id: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     sampling: SamplingPolicy | None = None
-    """Enforced on every call of the session (:mod:`polar.proxy.behaviour`)."""
+    """Enforced on every call of the session (:mod:`polar.proxy.call.behaviour`)."""
 
 
 class Pause(BaseModel):

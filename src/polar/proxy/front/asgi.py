@@ -62,7 +62,7 @@ class DisconnectWatch:
 
     ASGI servers drop writes to a closed connection silently, so a handler
     would otherwise keep an engine generating for nobody. Under the gateway's
-    own server (:mod:`polar.proxy.httpwire`) the connection calls back when it
+    own server (:mod:`polar.proxy.front.httpwire`) the connection calls back when it
     is lost; under any other ASGI server one extra task per call waits on
     ``receive()`` for ``http.disconnect``. The handler catches the cancellation
     and records the call as aborted.

@@ -42,7 +42,7 @@ class Session:
     closed: bool = False
     last_seq: int = 0
     sampling: Distribution | None = None
-    """The session's sampling policy, enforced on every call (:mod:`polar.proxy.behaviour`)."""
+    """The session's sampling policy, enforced on every call (:mod:`polar.proxy.call.behaviour`)."""
 
     def next_seq(self) -> int:
         """The next call's sequence number; assigned when the call arrives."""

@@ -7,7 +7,7 @@
   prompt itself, splicing in the raw sampled ids of earlier turns so prompts
   are append-only, sends token ids to the engine, and parses reasoning, text
   and tool calls out of the sampled tokens as they stream. Rendering and
-  tokenizing run on :class:`~polar.proxy.offload.Offload` workers, never on
+  tokenizing run on :class:`~polar.proxy.call.offload.Offload` workers, never on
   the event loop; a conversation the chat template refuses is a 400.
 
 :func:`build_capture` builds the one a gateway config describes.
@@ -47,14 +47,14 @@ from polar.ir import (
     ToolCall,
     ToolSpec,
 )
-from polar.proxy.behaviour import behaviour_of
+from polar.proxy.call.behaviour import behaviour_of
+from polar.proxy.call.maxtokens import ContextWindow, PromptTooLong, limited
+from polar.proxy.call.offload import Offload
 from polar.proxy.config import GatewayConfig
 from polar.proxy.engines.base import NO_HEADERS, ChatEngine, Headers, TokenEngine, TokenRequest
 from polar.proxy.engines.registry import CHAT_ENGINES, TOKEN_ENGINES, context_window, engine_factory
 from polar.proxy.errors import EngineError, InvalidRequest
 from polar.proxy.logtext import clip
-from polar.proxy.maxtokens import ContextWindow, PromptTooLong, limited
-from polar.proxy.offload import Offload
 from polar.proxy.render.delivery import ParsedTurn, Redelivery, call_flags, withdrawn_flags
 from polar.proxy.render.parse import OutputParser, ParserOptions, Piece, ToolFormat
 from polar.proxy.render.splice import PromptPlan, Transcript, plan_prompt
@@ -78,7 +78,7 @@ class PreparedCall:
     delivery_flags: list[DeliveryFlag] = field(default_factory=list)
     """Where delivery and the sampled ids disagree (complete at the ``Finish`` event)."""
     edits: tuple[RequestEdit, ...] = ()
-    """Changes made while preparing (the output limit, :mod:`polar.proxy.maxtokens`)."""
+    """Changes made while preparing (the output limit, :mod:`polar.proxy.call.maxtokens`)."""
     prompt_ids: tuple[int, ...] = ()
     """Known up front when the gateway rendered the prompt (stored before the
     engine is called); else reported by the engine as it answers."""
@@ -93,7 +93,7 @@ class PreflightFailed(Exception):
     engine-rendered capture with a known context length, the engine's count of
     the prompt (vLLM's ``/tokenize``), which the output limit needs. ``body`` is
     what was sent; the relay records the attempt as failed with it and retries
-    it as it retries the call (:mod:`polar.proxy.relay`)."""
+    it as it retries the call (:mod:`polar.proxy.call.relay`)."""
 
     def __init__(self, error: EngineError, body: JsonObject) -> None:
         super().__init__(error.message)
@@ -115,7 +115,7 @@ class Capture(Protocol):
     async def prepare(
         self, request: ChatRequest, transcript: Transcript, *, headers: Headers = NO_HEADERS
     ) -> PreparedCall:
-        """Build the engine call, with the output limit of :mod:`polar.proxy.maxtokens`
+        """Build the engine call, with the output limit of :mod:`polar.proxy.call.maxtokens`
         (nothing is sent until its events are iterated, except the engine's count
         of the prompt where the limit needs one). Raises
         :class:`~polar.proxy.errors.InvalidRequest` for a request that cannot be
