@@ -204,8 +204,8 @@ def rollout_service(root: Path, engine: dict[str, Any], model: str) -> Iterator[
     in this process; yields (server URL, gateway URL)."""
     from polar.rollout.config import NodeConfig, ServerConfig
     from polar.rollout.deploy import NodeThread, node_service
-    from polar.rollout.server import RolloutServer
-    from polar.rollout.server_app import create_server_app
+    from polar.rollout.server.app import create_server_app
+    from polar.rollout.server.service import RolloutServer
     from polar.serverthread import ServerThread
 
     shutil.rmtree(root, ignore_errors=True)

@@ -43,7 +43,7 @@ import uvicorn
 
 from polar.rollout.config import NodeConfig
 from polar.rollout.deploy import listening_socket, node_service
-from polar.rollout.lifecycle import NodeSession, Pipeline
+from polar.rollout.node.lifecycle import NodeSession, Pipeline
 from polar.rollout.protocol import HarnessSpec, NodeCapacity, SessionDispatch, SessionStatus
 from polar.tasks.model import DirectoryWorkspace, EvaluatorSpec, Task
 from polar.testing.scripted import ScriptedEngine, script_from_dict

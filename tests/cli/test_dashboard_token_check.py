@@ -15,8 +15,8 @@ import pytest
 
 from polar.proxy.engines.vllm_process import free_port
 from polar.rollout.config import ServerConfig
-from polar.rollout.server import RolloutServer
-from polar.rollout.server_app import create_server_app
+from polar.rollout.server.app import create_server_app
+from polar.rollout.server.service import RolloutServer
 from polar.serverthread import ServerThread
 
 TOKEN = "dashboard-check-token-0123456789"

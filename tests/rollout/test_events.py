@@ -14,8 +14,8 @@ import httpx
 from polar.rollout.client import RolloutClient
 from polar.rollout.config import ServerConfig
 from polar.rollout.protocol import EventKind, HarnessSpec, NodeRegistration, TaskSubmission
-from polar.rollout.server import RolloutServer
-from polar.rollout.server_app import create_server_app
+from polar.rollout.server.app import create_server_app
+from polar.rollout.server.service import RolloutServer
 from polar.serverthread import ServerThread
 
 from support.agents import agent_task, shell_harness

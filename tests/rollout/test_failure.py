@@ -38,7 +38,7 @@ from polar.rollout.protocol import (
     SessionStatus,
     TaskSubmission,
 )
-from polar.rollout.store import SCHEMA, RolloutStore
+from polar.rollout.server.store import SCHEMA, RolloutStore
 from polar.tasks.model import DirectoryWorkspace, EvaluatorSpec, Task
 
 

@@ -1,4 +1,4 @@
-"""The rollout server's node registry (:mod:`polar.rollout.nodes`) over a real store:
+"""The rollout server's node registry (:mod:`polar.rollout.server.nodes`) over a real store:
 what it keeps across a restart and what only in memory, when a node stops counting
 as healthy, and when it is forgotten."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from polar.rollout.errors import NodeUnknown
-from polar.rollout.events import EventHub
-from polar.rollout.nodes import NodeRegistry
 from polar.rollout.protocol import GatewayAccess, NodeRegistration
-from polar.rollout.store import RolloutStore
+from polar.rollout.server.errors import NodeUnknown
+from polar.rollout.server.events import EventHub
+from polar.rollout.server.nodes import NodeRegistry
+from polar.rollout.server.store import RolloutStore
 
 ADMIN_TOKEN = "admin-token-0123456789"
 

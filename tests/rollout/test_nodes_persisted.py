@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 
 from polar.rollout.config import ServerConfig
-from polar.rollout.server import RolloutServer
-from polar.rollout.server_app import create_server_app
+from polar.rollout.server.app import create_server_app
+from polar.rollout.server.service import RolloutServer
 from polar.serverthread import ServerThread
 
 from support.rollout import CONTROL_TOKEN

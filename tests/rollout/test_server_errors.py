@@ -1,6 +1,6 @@
 """Every refusal of the rollout server's API, status and body exactly: the domain's
-typed errors (:mod:`polar.rollout.errors`) and the HTTP layer's own, all answered as
-``{"error": {"type", "message"}}`` by :mod:`polar.rollout.server_app`. A real
+typed errors (:mod:`polar.rollout.server.errors`) and the HTTP layer's own, all answered as
+``{"error": {"type", "message"}}`` by :mod:`polar.rollout.server.app`. A real
 server over HTTP; no node process (its side is spoken with plain requests)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from polar.rollout.config import ServerConfig
-from polar.rollout.errors import RolloutServerError
 from polar.rollout.protocol import HarnessSpec, TaskSubmission
-from polar.rollout.server import RolloutServer
-from polar.rollout.server_app import ANSWERS, create_server_app
+from polar.rollout.server.app import ANSWERS, create_server_app
+from polar.rollout.server.errors import RolloutServerError
+from polar.rollout.server.service import RolloutServer
 from polar.serverthread import ServerThread
 
 from support.agents import agent_task, shell_harness

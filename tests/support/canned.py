@@ -1,13 +1,13 @@
 """A real rollout server whose sessions end with canned results, as if a node ran them.
 
 No node, engine or sandbox: :class:`CannedRollouts` starts the real
-:class:`~polar.rollout.server.RolloutServer` behind its HTTP API and a thread
+:class:`~polar.rollout.server.service.RolloutServer` behind its HTTP API and a thread
 that, for every queued session of a running task, POSTs to
 ``/callbacks/sessions`` (as a node does) the result that ``outcome(task,
 sample_index)`` names. Whatever reads the results (the trainer's feed, its
 evaluation, every bridge) talks to the server as in production; only the node
 is canned. The failed sessions are the ones a node reports
-(:mod:`polar.rollout.lifecycle`): a timed-out or failed agent keeps the samples
+(:mod:`polar.rollout.node.lifecycle`): a timed-out or failed agent keeps the samples
 of the calls it made.
 """
 
@@ -26,8 +26,8 @@ import orjson
 from polar.rollout.config import ServerConfig
 from polar.rollout.failure import FailureReason
 from polar.rollout.protocol import SessionResult, SessionStatus, TaskStatus, TaskView
-from polar.rollout.server import RolloutServer
-from polar.rollout.server_app import create_server_app
+from polar.rollout.server.app import create_server_app
+from polar.rollout.server.service import RolloutServer
 from polar.serverthread import ServerThread
 from polar.trajectory.export import row_of
 

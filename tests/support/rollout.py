@@ -16,8 +16,8 @@ from typing import Any
 from polar.rollout.client import RolloutClient
 from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.deploy import NodeService, NodeThread, node_service
-from polar.rollout.server import RolloutServer
-from polar.rollout.server_app import create_server_app
+from polar.rollout.server.app import create_server_app
+from polar.rollout.server.service import RolloutServer
 from polar.serverthread import ServerThread
 from polar.tasks.builtin import solution_patch, wrong_patch
 from polar.testing.scripted import ScriptedEngine, script_from_dict

@@ -16,8 +16,8 @@ import pytest
 from polar.rollout.client import RolloutClient, RolloutError
 from polar.rollout.config import ServerConfig
 from polar.rollout.protocol import HarnessSpec, TaskStatus
-from polar.rollout.server import RolloutServer
-from polar.rollout.server_app import create_server_app
+from polar.rollout.server.app import create_server_app
+from polar.rollout.server.service import RolloutServer
 from polar.serverthread import ServerThread
 from polar.train.feed import CLOSE_POLL_S, GroupRequest, RolloutFeed, task_order
 

@@ -240,7 +240,7 @@ def preflight(command: str, node: NodeConfig, prefix: str, *, tokenizer: bool) -
     ``prefix``: where the node's section is in the file (``node.`` in serve's)."""
     from polar.proxy.call.capture import check_tokenizer
     from polar.proxy.engines.registry import check_engine
-    from polar.rollout.node import check_node
+    from polar.rollout.node.service import check_node
     from polar.runtime.errors import UnsupportedSpec
 
     try:

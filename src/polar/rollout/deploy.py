@@ -25,12 +25,12 @@ from polar.proxy.front.asgi import Router
 from polar.proxy.front.httpwire import GatewayHttpProtocol
 from polar.proxy.gateway import Gateway
 from polar.rollout.config import NodeConfig, ServerConfig
-from polar.rollout.lifecycle import RuntimeFactory
-from polar.rollout.node import Node, check_node, claim_node
-from polar.rollout.node_app import create_node_app, node_extension
+from polar.rollout.node.app import create_node_app, node_extension
+from polar.rollout.node.lifecycle import RuntimeFactory
+from polar.rollout.node.service import Node, check_node, claim_node
 from polar.rollout.raynodes import RayConfig
-from polar.rollout.server import RolloutServer
-from polar.rollout.server_app import create_server_app
+from polar.rollout.server.app import create_server_app
+from polar.rollout.server.service import RolloutServer
 from polar.runtime.base import GatewayAddress
 from polar.runtime.lease import Lease
 from polar.runtime.registry import create_runtime
@@ -86,7 +86,8 @@ def node_service(
     build: BuildConfig | None = None,
     leases: list[Lease] | None = None,
 ) -> NodeService:
-    """``leases``: the node's leases, already taken (:func:`~polar.rollout.node.claim_node`)."""
+    """``leases``: the node's leases, already taken
+    (:func:`~polar.rollout.node.service.claim_node`)."""
     gateway = Gateway(config.gateway)
     node = Node(
         config,

@@ -2,7 +2,7 @@
 
 The agent is the model acting through its harness. A session that fails has
 one :class:`FailureReason`, decided where the failure happens (the node's
-pipeline, :mod:`polar.rollout.lifecycle`; the rollout server for a session
+pipeline, :mod:`polar.rollout.node.lifecycle`; the rollout server for a session
 that never reached a node or whose node was lost) and carried on
 :attr:`SessionResult.failure <polar.rollout.protocol.SessionResult.failure>`.
 Each reason has one :class:`Fault`, and the fault alone decides the session's

@@ -96,7 +96,7 @@ class NodeActor:
         import ray
 
         from polar.rollout.deploy import NodeThread, node_service
-        from polar.rollout.node import check_node
+        from polar.rollout.node.service import check_node
 
         host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         config = node_config_for(NodeConfig.model_validate_json(template), index, host)

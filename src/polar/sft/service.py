@@ -20,9 +20,9 @@ from pathlib import Path
 
 from polar.rollout.config import NodeConfig, ServerConfig
 from polar.rollout.deploy import NodeThread, node_service
-from polar.rollout.node import claim_node
-from polar.rollout.server import RolloutServer
-from polar.rollout.server_app import create_server_app
+from polar.rollout.node.service import claim_node
+from polar.rollout.server.app import create_server_app
+from polar.rollout.server.service import RolloutServer
 from polar.runtime.reap import reap
 from polar.serverthread import ServerThread
 

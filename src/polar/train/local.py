@@ -72,8 +72,8 @@ def local_stack(settings: LocalSettings) -> Iterator[LocalStack]:
     from polar.proxy.engines.embedded import ModelRunner, create_engine_app
     from polar.rollout.config import NodeConfig, ServerConfig
     from polar.rollout.deploy import NodeThread, node_service
-    from polar.rollout.server import RolloutServer
-    from polar.rollout.server_app import create_server_app
+    from polar.rollout.server.app import create_server_app
+    from polar.rollout.server.service import RolloutServer
     from polar.serverthread import ServerThread
 
     root = settings.root.resolve()

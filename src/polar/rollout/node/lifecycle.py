@@ -46,10 +46,10 @@ from polar.harness import load_harness
 from polar.proxy.gateway import Gateway
 from polar.reward.base import EvalContext, EvalResult
 from polar.reward.registry import evaluate
-from polar.rollout.agent import AgentRun, installed_executable, run_agent
 from polar.rollout.conversation import conversation_json
 from polar.rollout.failure import NO_CALLS, Calls, FailureReason, RunEnd, run_failure
 from polar.rollout.files import FileCache, FilesError
+from polar.rollout.node.agent import AgentRun, installed_executable, run_agent
 from polar.rollout.protocol import (
     NodeCapacity,
     SessionAccounting,

@@ -22,7 +22,7 @@ session, or the session is lost).
   held sessions before a restart may still come back.
 
 What a session's end means for its task (resampling, early stop, finishing)
-is the task lifecycle's (:class:`~polar.rollout.server.RolloutServer`), told
+is the task lifecycle's (:class:`~polar.rollout.server.service.RolloutServer`), told
 through :class:`Outcomes`.
 """
 
@@ -38,9 +38,7 @@ from typing import Any, Protocol
 import httpx
 
 from polar.rollout.config import ServerConfig
-from polar.rollout.errors import RolloutServerError
 from polar.rollout.failure import FailureReason
-from polar.rollout.nodes import NodeRegistry, NodeState
 from polar.rollout.protocol import (
     HeartbeatReply,
     NodeHeartbeat,
@@ -48,7 +46,9 @@ from polar.rollout.protocol import (
     SessionResult,
     SessionStatus,
 )
-from polar.rollout.store import RolloutStore, SessionRow
+from polar.rollout.server.errors import RolloutServerError
+from polar.rollout.server.nodes import NodeRegistry, NodeState
+from polar.rollout.server.store import RolloutStore, SessionRow
 
 _log = logging.getLogger(__name__)
 

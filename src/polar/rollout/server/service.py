@@ -11,7 +11,7 @@ could not be prepared, a failed engine: :mod:`polar.rollout.failure`) are
 resampled while ``max_resamples`` allows; the agent's failures are results.
 
 **Nothing is lost silently.** Every decision is stored before it is acted on
-(:mod:`polar.rollout.store`). A node silent for ``node_timeout_s`` gets no new
+(:mod:`polar.rollout.server.store`). A node silent for ``node_timeout_s`` gets no new
 sessions; after twice that, its sessions end ERROR (and are resampled if
 allowed). A heartbeat that lists a session the server does not know gets it
 cancelled (no orphans); a dispatched session a node no longer lists is
@@ -20,11 +20,11 @@ reconciled with their node's heartbeats once it re-registers, and those whose
 node never comes back are reported as lost.
 
 This module is the task lifecycle, composing the parts: the node registry
-(:mod:`polar.rollout.nodes`), the dispatcher and its leases
-(:mod:`polar.rollout.dispatch`), and the callbacks' delivery
-(:mod:`polar.rollout.delivery`). It refuses with the typed errors of
-:mod:`polar.rollout.errors` and speaks no HTTP: its API is
-:mod:`polar.rollout.server_app`, which drives it from its handlers and its
+(:mod:`polar.rollout.server.nodes`), the dispatcher and its leases
+(:mod:`polar.rollout.server.dispatch`), and the callbacks' delivery
+(:mod:`polar.rollout.server.delivery`). It refuses with the typed errors of
+:mod:`polar.rollout.server.errors` and speaks no HTTP: its API is
+:mod:`polar.rollout.server.app`, which drives it from its handlers and its
 lifespan.
 """
 
@@ -43,19 +43,8 @@ from typing import Any
 
 from polar.harness import InvalidHarnessOptions, UnknownHarness, check_harness
 from polar.rollout.config import ServerConfig
-from polar.rollout.delivery import CallbackDelivery
-from polar.rollout.dispatch import Dispatcher
-from polar.rollout.errors import (
-    InvalidResult,
-    InvalidSubmission,
-    SessionUnknown,
-    TaskExists,
-    TaskNotFound,
-)
-from polar.rollout.events import EventHub
 from polar.rollout.failure import FailureReason, replaceable
 from polar.rollout.files import FilesError, FileStore, unfinished
-from polar.rollout.nodes import NodeRegistry
 from polar.rollout.protocol import (
     EventKind,
     HeartbeatReply,
@@ -67,7 +56,18 @@ from polar.rollout.protocol import (
     TaskStatus,
     TaskSubmission,
 )
-from polar.rollout.store import RolloutStore
+from polar.rollout.server.delivery import CallbackDelivery
+from polar.rollout.server.dispatch import Dispatcher
+from polar.rollout.server.errors import (
+    InvalidResult,
+    InvalidSubmission,
+    SessionUnknown,
+    TaskExists,
+    TaskNotFound,
+)
+from polar.rollout.server.events import EventHub
+from polar.rollout.server.nodes import NodeRegistry
+from polar.rollout.server.store import RolloutStore
 
 _log = logging.getLogger(__name__)
 

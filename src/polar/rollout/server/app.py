@@ -17,7 +17,7 @@ SHA-256 digest). Callbacks carry no token: their body is signed
 (:mod:`polar.rollout.callbacks`).
 
 **Errors.** The domain refuses with the typed errors of
-:mod:`polar.rollout.errors`; :data:`ANSWERS` gives each its status and type, at
+:mod:`polar.rollout.server.errors`; :data:`ANSWERS` gives each its status and type, at
 one choke point (the app's exception handler). Every answer, those of this
 module's own checks (tokens, queries, bodies) included, is
 ``{"error": {"type", "message"}}``.
@@ -36,15 +36,6 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from polar.rollout.errors import (
-    InvalidResult,
-    InvalidSubmission,
-    NodeUnknown,
-    RolloutServerError,
-    SessionUnknown,
-    TaskExists,
-    TaskNotFound,
-)
 from polar.rollout.http import (
     ApiError,
     Handler,
@@ -64,7 +55,16 @@ from polar.rollout.protocol import (
     TaskStatus,
     TaskSubmission,
 )
-from polar.rollout.server import RolloutServer
+from polar.rollout.server.errors import (
+    InvalidResult,
+    InvalidSubmission,
+    NodeUnknown,
+    RolloutServerError,
+    SessionUnknown,
+    TaskExists,
+    TaskNotFound,
+)
+from polar.rollout.server.service import RolloutServer
 
 MAX_WAIT_S = 300.0
 """The longest ``?wait=`` a result request may hold its connection."""

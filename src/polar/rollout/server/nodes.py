@@ -2,7 +2,7 @@
 
 A node registers (its URL, its capacity and, when it says how a trainer reaches
 it, its gateway with that gateway's admin token), then beats. Each is kept here
-in memory and in the store (:meth:`~polar.rollout.store.RolloutStore.save_node`:
+in memory and in the store (:meth:`~polar.rollout.server.store.RolloutStore.save_node`:
 the registration, whether it drains, when it was last heard from), all but the
 gateway's admin token, which stays in memory: a node that is back registers
 again and sends it again. So a restarted server knows its nodes at once,
@@ -13,7 +13,7 @@ A node is **healthy** while its heartbeats arrive within ``node_timeout_s``:
 what dispatch needs (a harness that makes no model call runs without an
 engine); whether its engine answers is reported apart (``engine_error``). A
 node silent for twice that is forgotten; what then happens to its sessions is
-the dispatcher's (:mod:`polar.rollout.dispatch`).
+the dispatcher's (:mod:`polar.rollout.server.dispatch`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from polar.rollout.errors import NodeUnknown
-from polar.rollout.events import EventHub
 from polar.rollout.protocol import EventKind, GatewayAccess, NodeRegistration, NodeView
-from polar.rollout.store import RolloutStore
+from polar.rollout.server.errors import NodeUnknown
+from polar.rollout.server.events import EventHub
+from polar.rollout.server.store import RolloutStore
 
 
 @dataclass(slots=True)

@@ -27,9 +27,9 @@ from starlette.routing import Route
 
 from polar.proxy.app import Extension
 from polar.rollout.http import ApiError, body_of, guarded, not_found
-from polar.rollout.lifecycle import NodeSession
-from polar.rollout.node import DispatchConflict, Node, NotStarted
-from polar.rollout.policy import PolicyViolation
+from polar.rollout.node.lifecycle import NodeSession
+from polar.rollout.node.policy import PolicyViolation
+from polar.rollout.node.service import DispatchConflict, Node, NotStarted
 from polar.rollout.protocol import SessionDispatch
 from polar.runtime.base import GatewayAddress
 

@@ -25,14 +25,14 @@ from polar.harness import DEFAULT_PATH
 from polar.proxy.gateway import Gateway
 from polar.rollout.config import NodeConfig
 from polar.rollout.files import FileCache, FilesError, unfinished
-from polar.rollout.lifecycle import (
+from polar.rollout.node.lifecycle import (
     NodeSession,
     Pipeline,
     PipelineSettings,
     RuntimeFactory,
     stale_session_dirs,
 )
-from polar.rollout.policy import check_dispatch
+from polar.rollout.node.policy import check_dispatch
 from polar.rollout.protocol import (
     GatewayAccess,
     HeartbeatReply,

@@ -18,7 +18,7 @@ import httpx
 
 from polar.rollout.callbacks import signed_headers
 from polar.rollout.config import ServerConfig
-from polar.rollout.store import RolloutStore
+from polar.rollout.server.store import RolloutStore
 
 _log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""What the rollout server refuses, as its domain says it (:mod:`polar.rollout.server`).
+"""What the rollout server refuses, as its domain says it (:mod:`polar.rollout.server.service`).
 
 The domain speaks no HTTP: it raises one of these, its message one line for
-people, and the server's API (:mod:`polar.rollout.server_app`) answers each
+people, and the server's API (:mod:`polar.rollout.server.app`) answers each
 with its status and the shared error body, in one table.
 """
 
