@@ -10,14 +10,56 @@ use (many commands never load a model). Errors are ``transformers``' own.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
 
 
-def load_causal_lm(path: Path | str, *, dtype: torch.dtype, gguf_file: str | None = None) -> Any:
+class CausalLM(Protocol):
+    """What Polar uses of a Hugging Face causal language model (a torch module,
+    or peft's wrapper of one), typed: ``transformers`` ships no types mypy reads.
+    Calling it runs the forward pass (its output has ``.logits``, or the decoder's
+    ``.last_hidden_state``)."""
+
+    @property
+    def config(self) -> Any: ...
+
+    @property
+    def generation_config(self) -> Any: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]: ...
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any: ...
+
+    def to(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def eval(self) -> Any: ...
+
+    def save_pretrained(self, save_directory: Any, **kwargs: Any) -> Any: ...
+
+    def get_input_embeddings(self) -> Any: ...
+
+    def get_output_embeddings(self) -> Any: ...
+
+    def get_decoder(self) -> Any: ...
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> Any: ...
+
+
+def load_causal_lm(
+    path: Path | str, *, dtype: torch.dtype, gguf_file: str | None = None
+) -> CausalLM:
     """The causal LM in the model directory ``path``, its weights in ``dtype``
     (``gguf_file``: read that GGUF file in ``path`` instead, dequantized)."""
     from transformers import AutoModelForCausalLM
@@ -25,4 +67,5 @@ def load_causal_lm(path: Path | str, *, dtype: torch.dtype, gguf_file: str | Non
     options: dict[str, Any] = {"dtype": dtype}
     if gguf_file is not None:
         options["gguf_file"] = gguf_file
-    return AutoModelForCausalLM.from_pretrained(str(path), **options)
+    model: CausalLM = AutoModelForCausalLM.from_pretrained(str(path), **options)
+    return model

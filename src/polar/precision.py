@@ -39,7 +39,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, assert_never
 
-from polar.causallm import load_causal_lm
+from polar.causallm import CausalLM, load_causal_lm
 
 if TYPE_CHECKING:
     import torch
@@ -59,7 +59,7 @@ def master_dtype() -> torch.dtype:
     return torch.float32
 
 
-def load_master(path: Path) -> Any:
+def load_master(path: Path) -> CausalLM:
     """A Hugging Face causal LM from ``path`` with float32 weights (a bfloat16
     checkpoint is widened), ready to train at any :class:`Precision`."""
     return load_causal_lm(path, dtype=master_dtype())
@@ -78,7 +78,7 @@ def autocast(precision: Precision, device: torch.device) -> contextlib.AbstractC
             assert_never(unreachable)
 
 
-def device_of(model: Any) -> torch.device:
+def device_of(model: CausalLM) -> torch.device:
     """Where ``model``'s parameters are (what :func:`autocast` needs)."""
     parameter: torch.Tensor = next(iter(model.parameters()))
     return parameter.device

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.atomicfile import atomic_directory
-from polar.causallm import load_causal_lm
+from polar.causallm import CausalLM, load_causal_lm
 from polar.tokenizer import load_tokenizer
 
 SPEC_FILE = "polar-model.json"
@@ -233,7 +233,9 @@ def _convert(gguf: Path, tmp: Path) -> None:
     tokenizer.save_pretrained(str(tmp))
 
 
-def greedy_reply(model: Any, prompt_ids: list[int], *, max_tokens: int, stop_id: int) -> list[int]:
+def greedy_reply(
+    model: CausalLM, prompt_ids: list[int], *, max_tokens: int, stop_id: int
+) -> list[int]:
     """The argmax continuation of ``prompt_ids``, up to and including ``stop_id``."""
     import torch
 

@@ -14,11 +14,11 @@ as a :class:`BridgeError`. Only the newest pushed directory is kept.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar.bridges.rollouts import BridgeError
+from polar.causallm import CausalLM
 from polar.train.config import GatewayTarget
 from polar.train.reload import EmbeddedReload, WeightSyncError
 from polar.train.weights import prune_weights, save_weights
@@ -50,7 +50,7 @@ class WeightPusher:
         self.config = config
         self.pushed: int | None = None
 
-    def push(self, model: Any, version: int) -> None:
+    def push(self, model: CausalLM, version: int) -> None:
         c = self.config
         sync = WeightSync(
             [

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from polar.causallm import CausalLM
 from polar.sft.export import IGNORE, TokenRow
 
 
@@ -68,7 +69,7 @@ def collate(rows: Sequence[TokenRow], pad_id: int) -> Batch:
     return Batch(ids, attention, labels)
 
 
-def loss_sum(model: Any, batch: Batch, *, chunk: int = 512) -> Any:
+def loss_sum(model: CausalLM, batch: Batch, *, chunk: int = 512) -> Any:
     """Summed next-token cross-entropy over the labelled positions (a float32
     scalar tensor, differentiable when gradients are enabled).
 

@@ -40,6 +40,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from polar.atomicfile import atomic_directory
+from polar.causallm import CausalLM
 from polar.device import DeviceError, check_device, resolve_device
 from polar.precision import Precision, autocast, default_precision, device_of, load_master
 from polar.sft.batching import Batch, collate, learning_rate, loss_sum, micro_batches, step_plan
@@ -163,7 +164,7 @@ def finetune(config: FinetuneConfig, *, progress: bool = False) -> FinetuneRepor
     precision = default_precision(device) if config.dtype == "auto" else Precision(config.dtype)
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
-    model: Any = load_master(config.model).to(device)  # float32 master weights
+    model: CausalLM = load_master(config.model).to(device)  # float32 master weights
     vocab = model.get_output_embeddings().weight.shape[0]
     too_big = max(max(r.input_ids) for r in kept)
     if too_big >= vocab:
@@ -245,7 +246,7 @@ def finetune(config: FinetuneConfig, *, progress: bool = False) -> FinetuneRepor
 
 
 def sft_step(
-    model: Any,
+    model: CausalLM,
     optimizer: Any,
     batches: Sequence[Batch],
     *,

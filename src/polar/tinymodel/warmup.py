@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.atomicfile import atomic_directory
-from polar.causallm import load_causal_lm
+from polar.causallm import CausalLM, load_causal_lm
 from polar.ir import Message, Role, TextPart, ToolCall, ToolSpec
 from polar.proxy.render.template import ChatTemplate
 
@@ -155,7 +155,7 @@ def examples(template: ChatTemplate) -> list[tuple[list[int], list[int]]]:
     return out
 
 
-def masked_loss(model: Any, ids: Any, attention: Any, labels: Any) -> Any:
+def masked_loss(model: CausalLM, ids: Any, attention: Any, labels: Any) -> Any:
     """Mean next-token cross-entropy over labelled positions.
 
     The output projection (151,936 x hidden) dominates a tiny model's cost, so
@@ -212,7 +212,7 @@ def _batch(
     return ids, attention, labels
 
 
-def frozen_prefixes(model: Any, prefixes: Sequence[list[int]]) -> list[list[tuple[Any, Any]]]:
+def frozen_prefixes(model: CausalLM, prefixes: Sequence[list[int]]) -> list[list[tuple[Any, Any]]]:
     """Each prefix's keys and values per layer, computed without gradients.
 
     A prefix that begins another one (a CLI's second prompt extends its first)
@@ -236,7 +236,7 @@ def frozen_prefixes(model: Any, prefixes: Sequence[list[int]]) -> list[list[tupl
     return [out[i] for i in range(len(prefixes))]
 
 
-def tail_hidden(model: Any, example: LongExample, kv: list[tuple[Any, Any]]) -> Any:
+def tail_hidden(model: CausalLM, example: LongExample, kv: list[tuple[Any, Any]]) -> Any:
     """The decoder's states that predict the output tokens, the prompt read
     through ``kv``: [outputs, hidden]."""
     import torch
@@ -256,7 +256,7 @@ def tail_hidden(model: Any, example: LongExample, kv: list[tuple[Any, Any]]) -> 
 
 
 def output_logprobs(
-    model: Any,
+    model: CausalLM,
     long: Sequence[LongExample],
     kvs: Sequence[list[tuple[Any, Any]]],
     temperature: float = 1.0,

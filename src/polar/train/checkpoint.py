@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from polar.atomicfile import atomic_directory
+from polar.causallm import CausalLM
 
 _NAME = re.compile(r"^step-(\d{6,})$")
 TOKENIZER_FILES = (
@@ -58,7 +59,7 @@ def checkpoint_dir(output_dir: Path) -> Path:
 def save_checkpoint(
     output_dir: Path,
     state: TrainState,
-    model: Any,
+    model: CausalLM,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     *,

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from polar.causallm import CausalLM
 from polar.distribution import Settings, support
 from polar.train.batch import MicroBatch
 
@@ -61,7 +62,7 @@ def _chunk_logprobs(
     return picked - torch.logsumexp(scaled, dim=-1), outside  # [n], [n]
 
 
-def token_logprobs(model: Any, batch: MicroBatch, *, chunk: int = 512) -> TokenLogprobs:
+def token_logprobs(model: CausalLM, batch: MicroBatch, *, chunk: int = 512) -> TokenLogprobs:
     """The logprobs of the batch's loss tokens, each under its own distribution."""
     hidden = model.get_decoder()(
         input_ids=batch.input_ids,

@@ -20,9 +20,10 @@ import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from polar.atomicfile import atomic_directory
+from polar.causallm import CausalLM
 from polar.train.checkpoint import TOKENIZER_FILES
 from polar.train.config import LoraSettings
 
@@ -52,12 +53,12 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def is_adapted(model: Any) -> bool:
+def is_adapted(model: CausalLM) -> bool:
     """Whether ``model`` is a peft model (its adapters train, its base does not)."""
     return hasattr(model, "peft_config")
 
 
-def add_adapters(model: Any, settings: LoraSettings) -> Any:
+def add_adapters(model: CausalLM, settings: LoraSettings) -> CausalLM:
     """``model`` with fresh adapters (``B`` is zero: the policy starts as the base)."""
     peft = _peft()
     config = peft.LoraConfig(
@@ -68,21 +69,23 @@ def add_adapters(model: Any, settings: LoraSettings) -> Any:
         task_type="CAUSAL_LM",
     )
     with _quiet():
-        return peft.get_peft_model(model, config)
+        adapted: CausalLM = peft.get_peft_model(model, config)
+    return adapted
 
 
-def load_adapters(model: Any, path: Path) -> Any:
+def load_adapters(model: CausalLM, path: Path) -> CausalLM:
     """``model`` with the adapters saved in ``path`` (a checkpoint's), trainable."""
     peft = _peft()
     with _quiet():
-        return peft.PeftModel.from_pretrained(model, str(path), is_trainable=True)
+        adapted: CausalLM = peft.PeftModel.from_pretrained(model, str(path), is_trainable=True)
+    return adapted
 
 
-def export_merged(model: Any, out: Path, *, tokenizer_dir: Path) -> Path:
+def export_merged(model: CausalLM, out: Path, *, tokenizer_dir: Path) -> Path:
     """Write the base model with ``model``'s adapters merged in to ``out`` (float32,
     tokenizer files copied from ``tokenizer_dir``), atomically. For the end of a
     run: ``model``'s base layers hold the merged weights afterwards."""
-    merged = model.merge_and_unload()
+    merged: CausalLM = cast(Any, model).merge_and_unload()  # a peft model here
     with atomic_directory(out) as tmp:
         merged.save_pretrained(str(tmp))
         for name in TOKENIZER_FILES:

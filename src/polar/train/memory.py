@@ -30,7 +30,8 @@ Pure: no torch here, the caller counts.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+
+from polar.causallm import CausalLM
 
 GIB = 1 << 30
 
@@ -45,7 +46,7 @@ class ModelShape:
     vocab: int
 
     @classmethod
-    def of(cls, model: Any) -> ModelShape:
+    def of(cls, model: CausalLM) -> ModelShape:
         """The shape of a Hugging Face causal LM (a peft model too) as it will train."""
         config = model.config
         hidden = int(config.hidden_size)

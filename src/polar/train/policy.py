@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from polar.causallm import CausalLM
 from polar.device import device_memory
 from polar.precision import Precision, load_master
 from polar.train.config import LoraSettings
@@ -34,7 +34,7 @@ class PolicySettings:
     check_memory: bool = True
 
 
-def prepare(model: Any, settings: PolicySettings) -> Any:
+def prepare(model: CausalLM, settings: PolicySettings) -> CausalLM:
     """``model`` (float32, on the CPU) made ready to train on ``settings.device``;
     :class:`polar.train.memory.MemoryTooSmall` before anything moves if it cannot fit."""
     if settings.gradient_checkpointing:
@@ -64,10 +64,11 @@ def prepare(model: Any, settings: PolicySettings) -> Any:
             lora=settings.lora is not None,
         )
     model.train(False)
-    return model.to(settings.device)
+    moved: CausalLM = model.to(settings.device)  # the same module, moved
+    return moved
 
 
-def load_policy(base: Path, settings: PolicySettings, *, adapters: Path | None = None) -> Any:
+def load_policy(base: Path, settings: PolicySettings, *, adapters: Path | None = None) -> CausalLM:
     """The policy from the model directory ``base`` (with the adapters saved in
     ``adapters``, a LoRA checkpoint's), ready to train (:func:`prepare`)."""
     model = load_master(base)
@@ -76,6 +77,6 @@ def load_policy(base: Path, settings: PolicySettings, *, adapters: Path | None =
     return prepare(model, settings)
 
 
-def trainable(model: Any) -> list[torch.nn.Parameter]:
+def trainable(model: CausalLM) -> list[torch.nn.Parameter]:
     """The parameters the optimizer steps: all of them, or a peft model's adapters."""
     return [p for p in model.parameters() if p.requires_grad]

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from polar.adapters import is_adapter
+from polar.causallm import CausalLM
 from polar.device import DeviceError, resolve_device
 from polar.precision import Precision, default_precision, load_master
 from polar.rollout.client import RolloutClient
@@ -55,7 +56,7 @@ class TrainError(Exception):
 class Learner:
     """The policy and what updates it."""
 
-    model: Any
+    model: CausalLM
     reference: Any
     """The frozen model of the KL term (``grpo.kl_coef > 0``), else None."""
     optimizer: torch.optim.Optimizer
@@ -91,7 +92,7 @@ class Publisher:
     """``weights.push_directory``: where every engine reads ``vN`` from."""
     format: WeightFormat
 
-    def save(self, model: Any, version: int) -> Path:
+    def save(self, model: CausalLM, version: int) -> Path:
         return save_weights(model, self.directory, version, self.format)
 
 
@@ -240,7 +241,7 @@ def _learner(
 ) -> Learner:
     # float32 master weights (and so AdamW state) whatever optim.dtype: see polar.precision
     try:
-        model: Any = load_policy(
+        model: CausalLM = load_policy(
             base,
             PolicySettings(
                 device=device,
@@ -287,7 +288,7 @@ def _loss(config: TrainConfig) -> LossSettings:
     )
 
 
-def _step(config: TrainConfig, model: Any, precision: Precision) -> StepSettings:
+def _step(config: TrainConfig, model: CausalLM, precision: Precision) -> StepSettings:
     return StepSettings(
         minibatches=config.optim.minibatches,
         micro_batch_tokens=config.optim.micro_batch_tokens,
@@ -358,7 +359,7 @@ def _adapters(config: TrainConfig, resume_from: Path | None) -> Path | None:
     return saved if config.lora is not None else None
 
 
-def _packed(packing: Packing, model: Any) -> bool:
+def _packed(packing: Packing, model: CausalLM) -> bool:
     match packing:
         case Packing.ON:
             return True
@@ -370,7 +371,7 @@ def _packed(packing: Packing, model: Any) -> bool:
     raise AssertionError(packing)
 
 
-def _pad_id(model: Any) -> int:
+def _pad_id(model: CausalLM) -> int:
     for value in (model.config.pad_token_id, model.config.eos_token_id):
         if isinstance(value, int):
             return value

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from polar.causallm import CausalLM
 from polar.precision import Precision, autocast, device_of
 from polar.train.batch import MicroBatch, Row, microbatches, reweighted, split_by_session
 from polar.train.grpo import (
@@ -125,14 +126,14 @@ class _Totals:
 
 
 def train_step(
-    model: Any,
+    model: CausalLM,
     optimizer: torch.optim.Optimizer,
     rows: Sequence[Row],
     *,
     loss: LossSettings,
     settings: StepSettings,
     policy_version: int,
-    ref_model: Any | None = None,
+    ref_model: CausalLM | None = None,
     scheduler: Any | None = None,
 ) -> dict[str, float]:
     """Train on ``rows`` (already weighted for one optimizer step); returns metrics.
@@ -203,18 +204,18 @@ def train_step(
     return _metrics(totals, tokens, loss_tokens, grad_norms, elapsed, len(rows), policy_version)
 
 
-def _logprobs(model: Any, mb: MicroBatch, settings: StepSettings) -> TokenLogprobs:
+def _logprobs(model: CausalLM, mb: MicroBatch, settings: StepSettings) -> TokenLogprobs:
     return token_logprobs(model, mb, chunk=settings.logprob_chunk)
 
 
 def _objective(
-    model: Any,
+    model: CausalLM,
     mb: MicroBatch,
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     loss: LossSettings,
     totals: _Totals,
-    ref_model: Any | None,
+    ref_model: CausalLM | None,
 ) -> torch.Tensor:
     """``sum_t weight_t * (tis_t * pg_t + beta * kl_t)`` over the microbatch's loss tokens."""
     pg, clipped = clipped_policy_loss(

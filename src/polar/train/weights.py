@@ -35,9 +35,10 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from polar.atomicfile import atomic_directory
+from polar.causallm import CausalLM
 from polar.loopback import is_loopback
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
@@ -91,7 +92,7 @@ def weights_path(directory: Path, version: int) -> Path:
 
 
 def save_weights(
-    model: Any, directory: Path, version: int, fmt: WeightFormat = WeightFormat()
+    model: CausalLM, directory: Path, version: int, fmt: WeightFormat = WeightFormat()
 ) -> Path:
     """Write ``model``'s weights (only its adapters for a peft model) as policy
     ``version``; returns the directory."""
@@ -104,7 +105,7 @@ def save_weights(
     return out
 
 
-def _save_full(model: Any, out: Path, fmt: WeightFormat) -> None:
+def _save_full(model: CausalLM, out: Path, fmt: WeightFormat) -> None:
     import torch
     from safetensors.torch import save_file
 

@@ -12,11 +12,10 @@ Loading full weights drops what was kept (they are the new base).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from polar.adapters import Adapter, AdapterError
+from polar.causallm import CausalLM
 
 
 class MergedAdapters:
@@ -28,7 +27,7 @@ class MergedAdapters:
         self.current: Adapter | None = None
 
     @torch.no_grad()
-    def apply(self, model: Any, adapter: Adapter) -> None:
+    def apply(self, model: CausalLM, adapter: Adapter) -> None:
         """Merge ``adapter`` into ``model``'s weights in place."""
         params = dict(model.named_parameters())
         embedding = model.get_input_embeddings().weight

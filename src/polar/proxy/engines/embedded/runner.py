@@ -53,7 +53,7 @@ from typing import Any, Literal
 import torch
 
 from polar.adapters import is_adapter, read_adapter
-from polar.causallm import load_causal_lm
+from polar.causallm import CausalLM, load_causal_lm
 from polar.distribution import Settings, processed_logits
 from polar.ir import Distribution
 from polar.ir.behaviour import GREEDY_BELOW
@@ -199,7 +199,7 @@ class ModelRunner:
         self.batch_sampling = (
             self.device.type != "cpu" if batch_sampling is None else batch_sampling
         )
-        model: Any = load_causal_lm(model_dir, dtype=self.dtype)
+        model: CausalLM = load_causal_lm(model_dir, dtype=self.dtype)
         self.model = model.to(self.device)
         self.model.train(False)  # inference mode: no dropout
         config = self.model.config
