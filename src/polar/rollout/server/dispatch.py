@@ -132,6 +132,11 @@ class Dispatcher:
             return
         active = self._nodes.active()
         for session in queued:
+            # Each send awaits a node: a cancel may have ended this session meanwhile
+            # (read again here, with no await before it is marked dispatched).
+            current = self._store.session(session.session_id)
+            if current is None or current.status is not SessionStatus.QUEUED:
+                continue
             candidates = [
                 candidate
                 for candidate in self._nodes
