@@ -15,7 +15,9 @@ the engine after every step; the run's sampling policy (``--temperature``,
 1.0 by default, over the whole vocabulary) is enforced by the gateway on
 every call, and the trainer recomputes each token's logprob at it. Groups for
 the next step generate while a step trains (the engine and the trainer on a
-core each).
+core each). Every weight trains by default; ``--lora-r R`` trains LoRA adapters
+of rank R on every linear layer instead (pushes carry only the adapters, the
+engine merges them in place).
 
 Held-out pass@1 (a task is solved when every hidden case passes) is measured
 on a fixed subset of ``pyfuncs:heldout`` (templates never trained on, and
@@ -56,8 +58,66 @@ def heldout_subset(count: int) -> list[str]:
     return [task.id for task in spread(load_tasks("pyfuncs:heldout"), count)]
 
 
-def run_seed(seed: int, args: argparse.Namespace, eval_ids: list[str]) -> dict[str, Any]:
+def train_config(
+    args: argparse.Namespace,
+    seed: int,
+    eval_ids: list[str],
+    root: Path,
+    server_url: str,
+    token: str,
+    weight_sync: dict[str, Any],
+) -> Any:
+    """The run's :class:`~polar.train.config.TrainConfig` for one seed."""
     from polar.train.config import TrainConfig
+
+    harness = {
+        "name": "minicoder",
+        "options": {"max_turns": args.max_turns, "max_tokens": args.max_tokens},
+    }
+    return TrainConfig.model_validate(
+        {
+            "model": str(args.model),
+            "output_dir": str(root / "train"),
+            "steps": args.steps,
+            "seed": seed,
+            "rollout": {
+                "server_url": server_url,
+                "control_token": token,
+                "tasks": "pyfuncs:train",
+                "harness": harness,
+                "group_size": args.group_size,
+                "groups_per_step": args.groups_per_step,
+                # the next step's groups generate while this one trains (one core each)
+                "max_inflight_groups": 2 * args.groups_per_step,
+                "max_staleness": 2,
+                "session_timeout_s": 600,
+                "group_timeout_s": 3600,
+                "sampling": {"temperature": args.temperature},
+            },
+            "weight_sync": weight_sync,
+            # 4,096 tokens a micro-batch: attention scores are kept for backward, and
+            # at 16k tokens of 700-token rows they take more than 10 GB here
+            "optim": {
+                "lr": args.lr,
+                "threads": 1,
+                "warmup_steps": 1,
+                "micro_batch_tokens": 4096,
+            },
+            "lora": ({"r": args.lora_r, "alpha": args.lora_alpha} if args.lora_r else None),
+            "log": {"progress": False},
+            "checkpoint": {"every": 0, "resume": "never"},
+            "eval": {
+                "tasks": "pyfuncs:heldout",
+                "task_ids": eval_ids,
+                "every": args.eval_every,
+                "group_size": args.eval_samples,
+                "greedy": True,
+            },
+        }
+    )
+
+
+def run_seed(seed: int, args: argparse.Namespace, eval_ids: list[str]) -> dict[str, Any]:
     from polar.train.local import LocalSettings, local_stack
     from polar.train.trainer import Hooks, train
 
@@ -66,51 +126,10 @@ def run_seed(seed: int, args: argparse.Namespace, eval_ids: list[str]) -> dict[s
     local = LocalSettings(
         model=args.model, root=root, served_name="smollm2", run_slots=args.run_slots
     )
-    harness = {
-        "name": "minicoder",
-        "options": {"max_turns": args.max_turns, "max_tokens": args.max_tokens},
-    }
     steps: list[dict[str, float]] = []
     with local_stack(local) as stack:
-        config = TrainConfig.model_validate(
-            {
-                "model": str(args.model),
-                "output_dir": str(root / "train"),
-                "steps": args.steps,
-                "seed": seed,
-                "rollout": {
-                    "server_url": stack.server_url,
-                    "control_token": stack.token,
-                    "tasks": "pyfuncs:train",
-                    "harness": harness,
-                    "group_size": args.group_size,
-                    "groups_per_step": args.groups_per_step,
-                    # the next step's groups generate while this one trains (one core each)
-                    "max_inflight_groups": 2 * args.groups_per_step,
-                    "max_staleness": 2,
-                    "session_timeout_s": 600,
-                    "group_timeout_s": 3600,
-                    "sampling": {"temperature": args.temperature},
-                },
-                "weight_sync": stack.weight_sync(),
-                # 4,096 tokens a micro-batch: attention scores are kept for backward, and
-                # at 16k tokens of 700-token rows they take more than 10 GB here
-                "optim": {
-                    "lr": args.lr,
-                    "threads": 1,
-                    "warmup_steps": 1,
-                    "micro_batch_tokens": 4096,
-                },
-                "log": {"progress": False},
-                "checkpoint": {"every": 0, "resume": "never"},
-                "eval": {
-                    "tasks": "pyfuncs:heldout",
-                    "task_ids": eval_ids,
-                    "every": args.eval_every,
-                    "group_size": args.eval_samples,
-                    "greedy": True,
-                },
-            }
+        config = train_config(
+            args, seed, eval_ids, root, stack.server_url, stack.token, stack.weight_sync()
         )
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
@@ -287,7 +306,7 @@ def plot(runs: list[dict[str, Any]], path: Path, args: argparse.Namespace) -> No
     fig.savefig(path, dpi=110)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=8)
@@ -295,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument(
+        "--lora-r", type=int, default=0, help="train LoRA adapters of this rank (0: every weight)"
+    )
+    parser.add_argument("--lora-alpha", type=float, default=32.0)
     parser.add_argument("--max-turns", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--eval-tasks", type=int, default=32)
@@ -304,7 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=MODEL)
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "learning")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "learning")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if not (args.model / "config.json").is_file():
         print(f"no model in {args.model}: run scripts/setup (or polar model smollm2)")
         return 2
