@@ -9,6 +9,8 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+from polar.train.config import TrainConfig
+
 from support.paths import REPO
 
 
@@ -29,11 +31,13 @@ SYNC = {
 }
 
 
-def config_for(argv: list[str], tmp_path: Path) -> object:
+def config_for(argv: list[str], tmp_path: Path) -> TrainConfig:
     args = learning.parse_args(argv)
-    return learning.train_config(
+    config = learning.train_config(
         args, 3, ["pyfuncs/add/k16"], tmp_path, "http://127.0.0.1:9", "c" * 32, SYNC
     )
+    assert isinstance(config, TrainConfig)
+    return config
 
 
 def test_the_defaults_fine_tune_every_weight_at_the_run_s_sampling(tmp_path: Path) -> None:
