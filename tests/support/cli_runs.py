@@ -11,11 +11,14 @@ as text, see :mod:`polar.proxy.render.parse`), or no tool call at all (a prompt
 that differs from the rehearsed one, another path or date, can leave a second
 token in the nucleus at the CLI's temperature). The CLI then runs nothing and
 may give up. That is the model's draw, not the path under test, so
-:func:`run_cli` runs the CLI once more, once, when a run that did not finish
-shows one of those draws in its records; any other failure stands, and so
-does a second such draw. What a malformed call delivers, per dialect, is
-tested exactly in ``tests/proxy/render/test_delivery.py``; here such a turn is
-only required to be recorded as malformed.
+:func:`run_cli` runs the CLI again, up to :data:`RETRIES` times, each in a new
+directory (so on another prompt), when a run that did not finish shows one of
+those draws in its records; any other failure stands, and so does such a draw
+on the last try. (Once more was not enough: on CI a codex run on vLLM drew a
+call that does not parse on both tries; the same test passed when run again.)
+What a malformed call delivers, per dialect, is tested exactly in
+``tests/proxy/render/test_delivery.py``; here such a turn is only required to
+be recorded as malformed.
 
 The gateway enforces one sampling policy on every call, as a training run's node
 gateway does (``rollout.sampling``): the tiny model's own defaults (Qwen3's),
@@ -54,6 +57,8 @@ ADMIN = "0123456789abcdef0123"
 _SPEC = WarmupSpec()
 TAUGHT = {"temperature": _SPEC.temperature, "top_p": _SPEC.top_p, "top_k": _SPEC.top_k}
 """The tiny model's sampling defaults, enforced on every call."""
+RETRIES = 2
+"""Runs after the first when the model's draw was unusable (see the module's text)."""
 TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 
 
@@ -100,8 +105,8 @@ def run_cli(
     harness_cache: Path,
 ) -> CliRun:
     """Run CLI ``name`` on the rehearsal's instruction through a gateway configured
-    by ``gateway`` (admin token and store added), recording under ``root``; once
-    more, once, after an unusable draw of the model (see the module's text)."""
+    by ``gateway`` (admin token and store added), recording under ``root``; again,
+    up to :data:`RETRIES` times, after an unusable draw of the model (see the module's text)."""
 
     def once(where: Path) -> CliRun:
         db = where / "records.db"
@@ -136,9 +141,11 @@ def run_cli(
         return CliRun(name, ran.result, records, recorder.posts(), spec.workdir)
 
     run = once(root)
-    if not run.finished and run.unusable_draw:
-        print(f"{name}: the model drew a tool call the CLI cannot use; running it once more")
-        run = once(root / "again")
+    for again in range(1, RETRIES + 1):
+        if run.finished or not run.unusable_draw:
+            break
+        print(f"{name}: the model drew a tool call the CLI cannot use; running it again ({again})")
+        run = once(root / f"again{again}")
     return run
 
 
