@@ -5,26 +5,13 @@ here (a seed takes 35-45 minutes on two cores)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 from polar.train.config import TrainConfig
 
-from support.paths import REPO
+from support.paths import load_benchmark
 
-
-def load_benchmark() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "learning_benchmark", REPO / "benchmarks" / "learning.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-learning = load_benchmark()
+learning = load_benchmark("learning")
 SYNC = {
     "gateways": [{"url": "http://127.0.0.1:9", "admin_token": "a" * 32}],
     "engines": [{"kind": "embedded", "url": "http://127.0.0.1:9"}],

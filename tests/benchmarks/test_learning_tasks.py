@@ -4,30 +4,17 @@ scripted expert. The benchmark itself is not run here (it takes minutes)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from polar.tasks.model import Task
 
-from support.paths import REPO
+from support.paths import load_benchmark
 
-
-def load_benchmark() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "learning", REPO / "benchmarks" / "learning_toy.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-learning = load_benchmark()
+learning = load_benchmark("learning_toy")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7])
