@@ -6,9 +6,9 @@ The model is the one ``polar model warm-up`` builds (fixture ``agents_model``):
 the random tiny Qwen3 taught, on each CLI's own prompts recorded in a
 rehearsal (its real 1k-16k-token system prompt and tools), the tool call that
 CLI accepts. It is a memoriser, not an agent: it answers the rehearsal's
-instruction with the rehearsed command in every CLI, whatever workspace path,
-date and session id the CLI puts in its prompt this time; that is enough to
-drive each CLI through a real multi-turn exchange on sampled tokens.
+instruction with the rehearsed command in every CLI, run where it was rehearsed
+(see :mod:`support.cli_runs`); that is enough to drive each CLI through a real
+multi-turn exchange on sampled tokens.
 
 A logging proxy between the CLI and the gateway keeps the exact bytes the CLI
 received. Each run must: exit 0 with the file written by the command the model

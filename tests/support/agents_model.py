@@ -15,16 +15,29 @@ in milliseconds either way.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from support.paths import REPO
 
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(str(path).encode()).hexdigest()[:12]
+
+
 LOG = REPO / ".cache" / "agents-model-build.log"
 """The background build's output (printed by :func:`wait`)."""
+
+REHEARSALS = Path(tempfile.gettempdir()) / f"polar-rehearsals-{_digest(REPO)}"
+"""Where the build rehearses each CLI, and where a test runs it first (see
+:mod:`support.cli_runs`): the prompts the model was taught, not new ones. One
+place per clone, outside it: in a git checkout, Claude Code, Qwen Code and the
+Gemini CLI put the repository's status and recent commits into their prompts."""
 
 _build: subprocess.Popen[bytes] | None = None
 _started = 0.0
@@ -48,7 +61,10 @@ def build() -> Path:
     versions = rehearsable(cache)
     assert set(versions) == set(SHELL_EXCHANGES), versions
     out = REPO / AGENTS_MODEL_DIR
-    print(f"agents model: {teach_agents(base, out, versions, cache_dir=cache)}", flush=True)
+    print(
+        f"agents model: {teach_agents(base, out, versions, cache_dir=cache, place=REHEARSALS)}",
+        flush=True,
+    )
     return out
 
 

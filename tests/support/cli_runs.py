@@ -5,17 +5,26 @@ a test compares what the CLI *got* with what the recorded sampled ids decode
 to, not what the gateway meant to send. Shared by the token-mode runs on the
 embedded engine and the engine-rendered runs in front of real vLLM.
 
-The tiny model sometimes draws a tool call its CLI cannot use: one the CLI does
-not offer (another CLI's tool), or one that does not parse (it reaches the CLI
-as text, see :mod:`polar.proxy.render.parse`), or no tool call at all (a prompt
-that differs from the rehearsed one, another path or date, can leave a second
-token in the nucleus at the CLI's temperature). The CLI then runs nothing and
-may give up. That is the model's draw, not the path under test, so
+The taught model is a memoriser: it learnt each CLI's exchange on the prompts of
+its rehearsal, and a prompt that differs from them (another workspace path or
+date in the CLI's system prompt, read through the warm-up's frozen prefix) can
+leave a second token in the nucleus. On CI, a freshly taught model answered
+pi's first call with the exchange's last words, and no tool call, in six runs
+out of six in other directories. So :func:`run_cli` first runs the CLI where the
+build rehearsed it (:func:`polar.tinymodel.rehearsal.run_place` under
+:data:`support.agents_model.REHEARSALS`, emptied): on the build's day its
+prompts are the rehearsed ones, up to what its tool prints (a chunk or process
+id, learnt in several variants).
+
+Where that is not so (a model kept from another clone or day), the model may
+draw a tool call its CLI cannot use: one the CLI does not offer (another CLI's
+tool), or one that does not parse (it reaches the CLI as text, see
+:mod:`polar.proxy.render.parse`), or no tool call at all. The CLI then runs
+nothing and may give up. That is the model's draw, not the path under test, so
 :func:`run_cli` runs the CLI again, up to :data:`RETRIES` times, each in a new
 directory (so on another prompt), when a run that did not finish shows one of
 those draws in its records; any other failure stands, and so does such a draw
-on the last try. (Once more was not enough: on CI a codex run on vLLM drew a
-call that does not parse on both tries; the same test passed when run again.)
+on the last try.
 What a malformed call delivers, per dialect, is tested exactly in
 ``tests/proxy/render/test_delivery.py``; here such a turn is only required to
 be recorded as malformed.
@@ -48,9 +57,10 @@ from polar.proxy.config import GatewayConfig
 from polar.proxy.gateway import Gateway
 from polar.proxy.store import SqliteStore
 from polar.serverthread import ServerThread
-from polar.tinymodel.rehearsal import INSTRUCTION
+from polar.tinymodel.rehearsal import INSTRUCTION, run_place
 from polar.tinymodel.warmup import WarmupSpec
 
+from support.agents_model import REHEARSALS
 from support.recorder import Exchange, Recorder, received_turn
 
 ADMIN = "0123456789abcdef0123"
@@ -105,10 +115,11 @@ def run_cli(
     harness_cache: Path,
 ) -> CliRun:
     """Run CLI ``name`` on the rehearsal's instruction through a gateway configured
-    by ``gateway`` (admin token and store added), recording under ``root``; again,
-    up to :data:`RETRIES` times, after an unusable draw of the model (see the module's text)."""
+    by ``gateway`` (admin token and store added), recording under ``root``: first
+    where the CLI was rehearsed, then, up to :data:`RETRIES` times after an unusable
+    draw of the model, in new directories (see the module's text)."""
 
-    def once(where: Path) -> CliRun:
+    def once(where: Path, *, rehearsed: bool = False) -> CliRun:
         db = where / "records.db"
         config = GatewayConfig.model_validate(
             {
@@ -126,11 +137,15 @@ def run_cli(
                     headers={"authorization": f"Bearer {ADMIN}"},
                     json={"metadata": {"harness": name}},
                 ).json()
+                where_run: dict[str, Path] = {}
+                if rehearsed:
+                    where_run["workdir"], where_run["home"] = run_place(name, REHEARSALS)
                 spec = make_spec(
                     gateway_url=proxy.url,
                     api_key=created["api_key"],
                     instruction=INSTRUCTION,
                     timeout_s=300.0,
+                    **where_run,
                 )
                 ran = run_harness(load_harness(name), spec, cache_dir=harness_cache)
         store = SqliteStore(db)
@@ -140,7 +155,7 @@ def run_cli(
             store.close()
         return CliRun(name, ran.result, records, recorder.posts(), spec.workdir)
 
-    run = once(root)
+    run = once(root, rehearsed=True)
     for again in range(1, RETRIES + 1):
         if run.finished or not run.unusable_draw:
             break

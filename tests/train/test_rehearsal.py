@@ -20,6 +20,7 @@ from polar.tinymodel.rehearsal import (
     RehearsedCall,
     rehearsable,
     rehearse,
+    run_place,
 )
 
 CACHE = Path(__file__).resolve().parents[2] / ".cache/harness"
@@ -53,6 +54,28 @@ def test_a_rehearsal_keeps_the_clis_real_prompts_and_the_outputs_it_accepted(
     assert rehearsable(CACHE, ["pi"]) == {"pi": "0.73.1"}
     # pi leaves sampling to the model's defaults
     assert (first.temperature, first.top_p) == (second.temperature, second.top_p) == (None, None)
+
+
+@pytest.mark.slow
+def test_a_cli_run_again_where_it_was_rehearsed_sends_the_rehearsed_prompt(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """What the CLI tests rely on (``support.cli_runs``): pi's system prompt holds
+    its workspace path and the date, and run again in the place of its rehearsal,
+    emptied by ``run_place``, it writes the same first prompt token for token."""
+    package = load_harness("pi").package
+    assert package is not None
+    install(package, CACHE)
+
+    first = rehearse("pi", QWEN3_TOKENIZER_DIR, cache_dir=CACHE, place=tmp_path)
+    workdir, home = run_place("pi", tmp_path)
+    assert workdir.is_dir() and home.is_dir()
+    assert not any(workdir.iterdir()) and not any(home.iterdir())
+    assert str(workdir) in tokenizer.decode(list(first.calls[0].prompt_ids))
+    again = rehearse("pi", QWEN3_TOKENIZER_DIR, cache_dir=CACHE, place=tmp_path)
+    assert again.calls[0].prompt_ids == first.calls[0].prompt_ids
+    elsewhere = rehearse("pi", QWEN3_TOKENIZER_DIR, cache_dir=CACHE, place=tmp_path / "other")
+    assert elsewhere.calls[0].prompt_ids != first.calls[0].prompt_ids
 
 
 @pytest.mark.slow

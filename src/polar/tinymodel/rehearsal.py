@@ -18,9 +18,11 @@ sends today, recorded live, so a new pin is rehearsed as it is.
 from __future__ import annotations
 
 import secrets
+import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,37 @@ class Rehearsal:
         return any(self.scratch in decode(list(c.prompt_ids[-tail:])) for c in self.calls)
 
 
+def _root(name: str, place: Path) -> Path:
+    return place / f"polar-rehearse-{name}"
+
+
+@contextmanager
+def _fresh(name: str, place: Path | None) -> Iterator[Path]:
+    """The directory a rehearsal runs in: a new temporary one, or ``place``'s own
+    one for the CLI, emptied."""
+    if place is None:
+        with tempfile.TemporaryDirectory(prefix=f"polar-rehearse-{name}-") as scratch:
+            yield Path(scratch)
+        return
+    root = _root(name, place)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    yield root
+
+
+def run_place(name: str, place: Path, workspace: str = WORKSPACES[0]) -> tuple[Path, Path]:
+    """(workdir, home), emptied, where :func:`rehearse` ran CLI ``name`` with this
+    ``place`` and ``workspace``. The CLI run there again, on the same day, writes
+    the rehearsed prompts again: its path and date are what the taught model
+    learnt, not ones it must generalise to."""
+    root = _root(name, place)
+    workdir, home = root / "run" / workspace, root / "home"
+    for where in (workdir, home):
+        shutil.rmtree(where, ignore_errors=True)
+        where.mkdir(parents=True)
+    return workdir, home
+
+
 def script(exchange: ShellExchange) -> dict[str, Any]:
     """The scripted engine's part: think, call the shell tool, then end the run."""
     final: dict[str, Any] = (
@@ -104,9 +137,12 @@ def rehearse(
     path: str = DEFAULT_PATH,
     timeout_s: float = 300.0,
     workspace: str = WORKSPACES[0],
+    place: Path | None = None,
 ) -> Rehearsal:
     """Run the installed CLI ``name`` once through a scripted gateway, in a fresh
-    directory's ``workspace`` (a relative path); its calls.
+    directory's ``workspace`` (a relative path); its calls. The fresh directory is
+    a new temporary one, or ``place / rehearsal_dir(name)`` emptied first (see
+    :func:`run_place`).
 
     Raises :class:`RehearsalFailed` if the CLI did anything but the scripted
     exchange (a non-zero exit, an unexpected request, a prompt that does not
@@ -127,8 +163,7 @@ def rehearse(
         raise RehearsalFailed(f"no shell exchange is known for harness {name!r}")
     harness = load_harness(name)
     admin = secrets.token_urlsafe(24)
-    with tempfile.TemporaryDirectory(prefix=f"polar-rehearse-{name}-") as scratch:
-        root = Path(scratch)
+    with _fresh(name, place) as root:
         engine = ScriptedEngine(
             Script.from_dict(script(exchange)), load_tokenizer(tokenizer_dir), model="policy"
         ).start()
@@ -230,12 +265,17 @@ def teach_agents(
     cache_dir: Path = DEFAULT_CACHE_DIR,
     spec: WarmupSpec | None = None,
     echo: Callable[[str], None] = print,
+    place: Path | None = None,
 ) -> dict[str, Any]:
     """Rehearse each CLI in ``versions`` (see :func:`rehearsable`) and warm the model
     in ``base`` up into ``out`` on the synthetic dialogues and the rehearsed calls.
-    A model already taught from the same base, spec and CLI versions is kept."""
+    A model already taught from the same base, spec, CLI versions and ``place``
+    is kept. ``place``: where the rehearsals run (see :func:`rehearse` and
+    :func:`run_place`); new temporary directories if None."""
     spec = spec or WarmupSpec()
     origin = {**versions, "@workspaces": ",".join(WORKSPACES), "@taught_at": "model defaults"}
+    if place is not None:
+        origin["@place"] = str(place.resolve())
     if is_warmed(out, spec, base, origin):
         return {"kept": str(out)}
     from polar.tokenizer import load_tokenizer
@@ -252,7 +292,7 @@ def teach_agents(
     for name, version in versions.items():
         for workspace in WORKSPACES:
             echo(f"rehearsing {name} {version} in {workspace}/ ({done + 1} of at most {most})")
-            rehearsal = rehearse(name, base, cache_dir=cache_dir, workspace=workspace)
+            rehearsal = rehearse(name, base, cache_dir=cache_dir, workspace=workspace, place=place)
             done += 1
             calls += [(c.prompt_ids, c.output_ids) for c in rehearsal.calls]
             lengths = ", ".join(str(len(c.prompt_ids)) for c in rehearsal.calls)
