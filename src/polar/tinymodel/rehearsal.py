@@ -80,6 +80,11 @@ def _root(name: str, place: Path) -> Path:
     return place / f"polar-rehearse-{name}"
 
 
+def _where(root: Path, workspace: str) -> tuple[Path, Path]:
+    """(workdir, home) of a CLI run in a rehearsal's directory ``root``."""
+    return root / "run" / workspace, root / "home"
+
+
 @contextmanager
 def _fresh(name: str, place: Path | None) -> Iterator[Path]:
     """The directory a rehearsal runs in: a new temporary one, or ``place``'s own
@@ -99,8 +104,7 @@ def run_place(name: str, place: Path, workspace: str = WORKSPACES[0]) -> tuple[P
     ``place`` and ``workspace``. The CLI run there again, on the same day, writes
     the rehearsed prompts again: its path and date are what the taught model
     learnt, not ones it must generalise to."""
-    root = _root(name, place)
-    workdir, home = root / "run" / workspace, root / "home"
+    workdir, home = _where(_root(name, place), workspace)
     for where in (workdir, home):
         shutil.rmtree(where, ignore_errors=True)
         where.mkdir(parents=True)
@@ -141,7 +145,7 @@ def rehearse(
 ) -> Rehearsal:
     """Run the installed CLI ``name`` once through a scripted gateway, in a fresh
     directory's ``workspace`` (a relative path); its calls. The fresh directory is
-    a new temporary one, or ``place / rehearsal_dir(name)`` emptied first (see
+    a new temporary one, or ``place / "polar-rehearse-<name>"`` emptied first (see
     :func:`run_place`).
 
     Raises :class:`RehearsalFailed` if the CLI did anything but the scripted
@@ -186,7 +190,7 @@ def rehearse(
                 )
                 created.raise_for_status()
                 session = created.json()
-                workdir = root / "run" / workspace
+                workdir, home = _where(root, workspace)
                 workdir.mkdir(parents=True)
                 spec = RunSpec(
                     gateway_url=gateway.url,
@@ -194,7 +198,7 @@ def rehearse(
                     model="policy",
                     instruction=INSTRUCTION,
                     workdir=workdir,
-                    home=root / "home",
+                    home=home,
                     timeout_s=timeout_s,
                     path=path,
                 )
