@@ -147,7 +147,7 @@ def run_seed(seed: int, args: argparse.Namespace, eval_ids: list[str]) -> dict[s
             return {}
 
         train(config, Hooks(on_step=on_step, evaluate=on_eval))
-        replies = read_replies(stack.records, args.model)
+        replies = read_replies(stack.records, args.model, eval_ids)
     evaluations = [
         row
         for row in (
@@ -171,31 +171,39 @@ def run_seed(seed: int, args: argparse.Namespace, eval_ids: list[str]) -> dict[s
     }
 
 
-def read_replies(store_path: Path, model: Path) -> dict[str, Any]:
-    """The first reply of every greedy evaluation session, before and after, read
-    from the gateway's records: what the model writes, in numbers and examples."""
+def read_replies(store_path: Path, model: Path, eval_ids: list[str]) -> dict[str, Any]:
+    """The first reply of every evaluation session, greedy and sampled, before and
+    after, read from the gateway's records: what the model writes, in numbers
+    (``before``/``after``: greedy; ``sampled``: at the run's temperature) and a
+    few greedy replies side by side."""
+    from polar.ir.completion import FinishReason
     from polar.proxy.store import SqliteStore
     from polar.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(model)
+    wanted = set(eval_ids)
     store = SqliteStore(store_path)
     try:
         sessions = store.load_sessions(include_closed=True)
         greedy: dict[int, list[dict[str, Any]]] = {}
+        sampled: dict[int, list[dict[str, Any]]] = {}
         for session in sessions:
             records = store.records(session.id)
             if not records or session.metadata.get("harness") != "minicoder":
                 continue
+            if session.metadata.get("task") not in wanted:
+                continue
             first = records[0]
             behaviour = first.behaviour
-            if behaviour is None or behaviour.sampling.temperature != 0:
+            if behaviour is None:
                 continue
-            instruction = _instruction(first.original_request)
-            greedy.setdefault(first.policy_version, []).append(
+            into = greedy if behaviour.sampling.temperature == 0 else sampled
+            into.setdefault(first.policy_version, []).append(
                 {
                     "task": session.metadata.get("task"),
-                    "instruction": instruction,
+                    "instruction": _instruction(first.original_request),
                     "reply": tokenizer.decode(list(first.output_ids), skip_special_tokens=True),
+                    "truncated": first.finish_reason is FinishReason.LENGTH,
                 }
             )
     finally:
@@ -204,7 +212,7 @@ def read_replies(store_path: Path, model: Path) -> dict[str, Any]:
         return {}
     versions = sorted(greedy)
     before, after = greedy[versions[0]], greedy[versions[-1]]
-    return {
+    out: dict[str, Any] = {
         "before": {"version": versions[0], **_forms(before)},
         "after": {"version": versions[-1], **_forms(after)},
         "examples": [
@@ -216,6 +224,13 @@ def read_replies(store_path: Path, model: Path) -> dict[str, Any]:
             )
         ],
     }
+    if sampled:
+        first_v, last_v = min(sampled), max(sampled)
+        out["sampled"] = {
+            "before": {"version": first_v, **_forms(sampled[first_v])},
+            "after": {"version": last_v, **_forms(sampled[last_v])},
+        }
+    return out
 
 
 def _instruction(request: Any) -> str:
@@ -226,7 +241,8 @@ def _instruction(request: Any) -> str:
 
 
 def _forms(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """How replies look: a code block, the asked function's name, text after the code."""
+    """How replies look: a code block, the asked function's name, text after the
+    code, cut at the token limit."""
     block = name = trailing = 0
     for row in rows:
         reply, asked = row["reply"], re.search(r"`(\w+)\(", row["instruction"])
@@ -243,6 +259,7 @@ def _forms(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "with_code_block": block,
         "asked_name_defined": name,
         "text_after_code": trailing,
+        "cut_at_token_limit": sum(bool(row.get("truncated")) for row in rows),
     }
 
 
