@@ -55,16 +55,23 @@ def on_policy_rows(model: Any, tokenizer: Any) -> list[Row]:
 
 
 def one_step(
-    model: Any, rows: list[Row], precision: Precision
+    model: Any,
+    rows: list[Row],
+    precision: Precision = Precision.FLOAT32,
+    *,
+    lr: float = 1e-5,
+    loss: LossSettings | None = None,
+    ref_model: Any = None,
 ) -> tuple[dict[str, float], torch.optim.Optimizer]:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, eps=EPS, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, eps=EPS, weight_decay=0.0)
     metrics = train_step(
         model,
         optimizer,
         rows,
-        loss=LossSettings(),
+        loss=loss or LossSettings(),
         settings=StepSettings(pad_id=int(model.config.eos_token_id), precision=precision),
         policy_version=0,
+        ref_model=ref_model,
     )
     return metrics, optimizer
 
@@ -159,3 +166,42 @@ def test_gradient_checkpointing_trains_as_without_it(tiny_model: Path, tokenizer
     (plain, w_plain), (checkpointed, w_checkpointed) = results
     assert checkpointed["trainer/grad_norm"] == pytest.approx(plain["trainer/grad_norm"], rel=1e-5)
     assert torch.allclose(w_checkpointed, w_plain, atol=1e-7)
+
+
+def test_rows_of_advantage_0_are_measured_without_a_backward_pass_and_change_nothing(
+    tiny_model: Path, tokenizer: Any
+) -> None:
+    """A group whose sessions scored alike (advantage 0) gets a forward pass only:
+    the step trains as it does without those rows, and still measures them."""
+    model = load_master(tiny_model)
+    rows = on_policy_rows(model, tokenizer)
+    alike = [replace(row, session=f"z{i}", advantage=0.0) for i, row in enumerate(rows)]
+    results = []
+    for given in (rows, [*alike, *rows]):
+        model = load_master(tiny_model)
+        metrics, _ = one_step(model, given, lr=1e-3)
+        results.append((metrics, model.get_output_embeddings().weight.detach().clone()))
+    (alone, w_alone), (mixed, w_mixed) = results
+    assert alone["trainer/forward_only_tokens"] == 0
+    assert mixed["trainer/forward_only_tokens"] == sum(len(row.ids) for row in alike)
+    assert mixed["trainer/tokens"] == alone["trainer/tokens"] * 2
+    assert mixed["mismatch/tokens"] == alone["mismatch/tokens"] * 2  # measured all the same
+    assert mixed["trainer/grad_norm"] == pytest.approx(alone["trainer/grad_norm"], rel=1e-4)
+    assert torch.allclose(w_mixed, w_alone, atol=1e-6)
+
+
+def test_rows_of_advantage_0_keep_their_backward_pass_when_they_can_move_the_weights(
+    tiny_model: Path, tokenizer: Any
+) -> None:
+    """With a KL term they have a gradient; a step with no other row (nothing to
+    learn) runs as it always did."""
+    model = load_master(tiny_model)
+    rows = on_policy_rows(model, tokenizer)
+    alike = [replace(row, session=f"z{i}", advantage=0.0) for i, row in enumerate(rows)]
+    for given, loss, ref in (
+        ([*alike, *rows], LossSettings(kl_coef=0.1), load_master(tiny_model)),
+        (alike, LossSettings(), None),
+    ):
+        metrics, _ = one_step(model, given, loss=loss, ref_model=ref)
+        assert metrics["trainer/forward_only_tokens"] == 0
+        assert metrics["mismatch/tokens"] > 0

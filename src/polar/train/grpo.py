@@ -56,8 +56,9 @@ Deviations from textbook GRPO (DeepSeekMath, Shao et al. 2024), on purpose:
   in the reward.
 - **The unit is a session**, not a sequence (step 3 and 7 above).
 - **Zero-advantage groups are kept** (not filtered as in DAPO's dynamic
-  sampling): they cost compute and contribute no gradient; the trainer reports
-  their fraction.
+  sampling): they count in the token-mean's normalisation and contribute no
+  gradient (the step measures them forward-only, :mod:`polar.train.step`); the
+  trainer reports their fraction.
 """
 
 from __future__ import annotations
