@@ -12,7 +12,8 @@ SGLang's wire), and evaluates before and after.
 What must hold: the timed-out session trains with reward 0.0 (its tokens are in
 the loss, its advantage is the group's only negative one), the two others are
 masked (their tokens are not in the loss; they are counted, not rewarded);
-evaluation counts the timeout as 0.0 and unsolved, and the others not at all.
+evaluation counts the timeout as 0.0 and unsolved, and the others not at all;
+its greedy pass runs one session a task.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def test_a_timeout_trains_with_reward_zero_and_infrastructure_failures_are_maske
                 "drain_timeout_s": 30,
             },
             "grpo": {"baseline": "mean", "scale_by_std": False},
-            "eval": {"tasks": tasks, "group_size": 4},
+            "eval": {"tasks": tasks, "group_size": 4, "greedy": True},
             "optim": {"lr": 1e-3},
             "log": {"progress": False, "tensorboard": False},
             "checkpoint": {"every": 0},
@@ -114,3 +115,6 @@ def test_a_timeout_trains_with_reward_zero_and_infrastructure_failures_are_maske
         assert e["eval/counted"] == 2 and e["eval/agent_failed"] == 1 and e["eval/masked"] == 2
         assert e["eval/reward_mean"] == pytest.approx(0.5)  # (1.0 + 0.0) / 2
         assert e["eval/solved_fraction"] == pytest.approx(0.5)
+        # greedy: one session a task (its first sample: scored 1.0)
+        assert e["eval_greedy/sessions"] == e["eval_greedy/counted"] == 1
+        assert e["eval_greedy/solved_fraction"] == 1.0

@@ -240,7 +240,8 @@ class EvalSettings(_Section):
     sampling: SamplingPolicy | None = None
     """Default: the rollout's policy (``rollout.sampling``)."""
     greedy: bool = False
-    """Also evaluate with greedy decoding (metrics ``eval_greedy/*``)."""
+    """Also evaluate with greedy decoding (metrics ``eval_greedy/*``), one session
+    a task whatever ``group_size`` is."""
 
 
 class TrainConfig(_Section):

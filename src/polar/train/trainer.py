@@ -388,8 +388,8 @@ def _evaluate(run: Run, hooks: Hooks) -> dict[str, float]:
     if tasks:
         with run.evaluation.connect() as client:
             metrics |= evaluate(client, tasks, request, policy_version=run.served)
-            if run.config.eval.greedy:
-                greedy = replace(request, sampling=SamplingPolicy(temperature=0.0))
+            if run.config.eval.greedy:  # deterministic: one session a task says it all
+                greedy = replace(request, sampling=SamplingPolicy(temperature=0.0), group_size=1)
                 metrics |= evaluate(
                     client, tasks, greedy, policy_version=run.served, prefix="eval_greedy"
                 )
