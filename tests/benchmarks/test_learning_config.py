@@ -31,11 +31,13 @@ def test_the_defaults_fine_tune_every_weight_at_the_run_s_sampling(tmp_path: Pat
     config = config_for([], tmp_path)
     assert config.lora is None
     assert config.seed == 3 and config.steps == 8
-    assert config.optim.lr == 3e-5
+    assert config.optim.lr == 5e-5
     assert config.rollout.sampling.temperature == 1.0
-    assert (config.rollout.group_size, config.rollout.groups_per_step) == (4, 3)
+    assert (config.rollout.group_size, config.rollout.groups_per_step) == (8, 4)
     assert config.rollout.harness.name == "minicoder"
+    assert config.rollout.harness.options["max_turns"] == 1
     assert config.eval.task_ids == ["pyfuncs/add/k16"] and config.eval.greedy
+    assert config.eval.group_size == 2
     assert config.output_dir == tmp_path / "train"
 
 
