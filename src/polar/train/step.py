@@ -27,9 +27,10 @@ loss and its gradient are exactly 0) get no backward pass: they are measured
 forward-only at the start of the step (mismatch, importance weights, support;
 ratio 1), which is what their statistics are of, and the gradient is the one
 the full pass gives. A minibatch with no other row keeps them (its optimizer
-step then still runs on zero gradients, as before). On this CPU, where about
-half the groups of a small model score alike, that is a third of the
-trainer's time (``trainer/forward_only_tokens`` counts them).
+step then still runs on zero gradients, as before). A forward pass without
+gradients costs about a third of a forward and backward one; where half the
+groups of a small model score alike, as on this CPU, that is about a third of
+the trainer's time (``trainer/forward_only_tokens`` counts them).
 """
 
 from __future__ import annotations
@@ -95,6 +96,18 @@ class _Totals:
         self.versions: list[torch.Tensor] = []
         self._outside: list[torch.Tensor] = []
         self.outside = 0
+        self.tokens = 0
+        self.loss_tokens = 0
+
+    def took(self, mb: MicroBatch, old_logprobs: torch.Tensor) -> None:
+        """Count a microbatch that went through the step (``mb`` with its
+        outside-support tokens already unweighted)."""
+        self.tokens += mb.tokens
+        self.loss_tokens += int(mb.targets.numel())
+        self.logprobs_old.append(old_logprobs.detach())
+        self.logprobs_rollout.append(mb.rollout_logprobs)
+        self.rollout_masks.append(mb.rollout_mask)
+        self.versions.append(mb.versions)
 
     def add(self, name: str, values: torch.Tensor, where: torch.Tensor | None = None) -> None:
         """Count ``values`` (only those ``where`` is true, when given)."""
@@ -172,26 +185,10 @@ def train_step(
 
     packed = [batched(part) for part in parts]
     totals = _Totals()
-    tokens = 0
-    loss_tokens = 0
-    forward_only = 0
     with torch.no_grad(), autocast(settings.precision, device):
         for mb in batched(idle) if idle else []:
-            logprobs, outside = _logprobs(model, mb, settings)
-            mb = replace(
-                mb,
-                weights=torch.where(outside, 0.0, mb.weights),
-                rollout_mask=mb.rollout_mask & ~outside,
-            )
-            totals.count_outside(outside)
-            _objective(model, mb, logprobs, logprobs, loss, totals, ref_model)
-            tokens += mb.tokens
-            forward_only += mb.tokens
-            loss_tokens += int(mb.targets.numel())
-            totals.logprobs_old.append(logprobs)
-            totals.logprobs_rollout.append(mb.rollout_logprobs)
-            totals.rollout_masks.append(mb.rollout_mask)
-            totals.versions.append(mb.versions)
+            _forward(model, mb, None, settings, loss, totals, ref_model)
+    forward_only = totals.tokens
     old: list[list[torch.Tensor | None]] = [[None] * len(mbs) for mbs in packed]
     if len(packed) > 1:
         with torch.no_grad(), autocast(settings.precision, device):
@@ -203,24 +200,8 @@ def train_step(
         optimizer.zero_grad(set_to_none=True)
         for j, mb in enumerate(mbs):
             with autocast(settings.precision, device):  # the forward pass and the loss
-                logprobs, outside = _logprobs(model, mb, settings)  # [N], [N]
-                # Sampled, but outside the support the trainer's logits give: no weight.
-                mb = replace(
-                    mb,
-                    weights=torch.where(outside, 0.0, mb.weights),
-                    rollout_mask=mb.rollout_mask & ~outside,
-                )
-                totals.count_outside(outside)
-                reference = old[i][j]
-                old_lp = logprobs.detach() if reference is None else reference
-                objective = _objective(model, mb, logprobs, old_lp, loss, totals, ref_model)
+                objective = _forward(model, mb, old[i][j], settings, loss, totals, ref_model)
             torch.autograd.backward(objective)
-            tokens += mb.tokens
-            loss_tokens += int(mb.targets.numel())
-            totals.logprobs_old.append(old_lp.detach())
-            totals.logprobs_rollout.append(mb.rollout_logprobs)
-            totals.rollout_masks.append(mb.rollout_mask)
-            totals.versions.append(mb.versions)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
         grad_norms.append(float(norm))
         optimizer.step()
@@ -230,9 +211,35 @@ def train_step(
     model.train(False)
     totals.read()
     elapsed = time.perf_counter() - start
-    out = _metrics(totals, tokens, loss_tokens, grad_norms, elapsed, len(rows), policy_version)
+    out = _metrics(totals, grad_norms, elapsed, len(rows), policy_version)
     out["trainer/forward_only_tokens"] = float(forward_only)
     return out
+
+
+def _forward(
+    model: CausalLM,
+    mb: MicroBatch,
+    old: torch.Tensor | None,
+    settings: StepSettings,
+    loss: LossSettings,
+    totals: _Totals,
+    ref_model: CausalLM | None,
+) -> torch.Tensor:
+    """One microbatch's forward pass and objective, counted in ``totals``;
+    ``old`` is ``pi_old``'s logprobs when computed apart (else this pass's,
+    detached)."""
+    logprobs, outside = _logprobs(model, mb, settings)  # [N], [N]
+    # Sampled, but outside the support the trainer's logits give: no weight.
+    mb = replace(
+        mb,
+        weights=torch.where(outside, 0.0, mb.weights),
+        rollout_mask=mb.rollout_mask & ~outside,
+    )
+    totals.count_outside(outside)
+    old_lp = logprobs.detach() if old is None else old
+    objective = _objective(model, mb, logprobs, old_lp, loss, totals, ref_model)
+    totals.took(mb, old_lp)
+    return objective
 
 
 def _set_aside_idle(
@@ -298,13 +305,12 @@ def _objective(
 
 def _metrics(
     totals: _Totals,
-    tokens: int,
-    loss_tokens: int,
     grad_norms: list[float],
     elapsed: float,
     sequences: int,
     policy_version: int,
 ) -> dict[str, float]:
+    tokens, loss_tokens = totals.tokens, totals.loss_tokens
     out: dict[str, float] = {
         "trainer/sequences": float(sequences),
         "trainer/tokens": float(tokens),
